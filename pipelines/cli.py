@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from pipelines.config import TracerlConfig, load_config
 

@@ -78,6 +78,7 @@ class IngestConfig:
     idle_seconds: float = 2.0            # stop once no message arrived for this long
     join_timeout_seconds: float = 30.0   # waiting for the group to assign partitions
     max_poll_records: int = 5000
+    decode_workers: int = 1              # processes decoding JSON beside the poller; 0 = inline
     max_event_bytes: int = 1 << 20       # larger messages are quarantined as oversize
     quarantine_rate_limit: float = 0.05  # asset check fails above this share
 

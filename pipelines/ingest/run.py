@@ -6,7 +6,8 @@ Order of operations, and why it is exactly-once:
 2. under the lake lock: recover any crashed run, drop records at or below the
    lake's own watermark for their partition (landed by an earlier run, even
    one that crashed before committing to Kafka, or by a concurrent consumer);
-3. validate each record; failures go to `quarantine` with their raw bytes;
+3. validate each record (decoded in a worker process while polling goes on,
+   see `decode.py`); failures go to `quarantine` with their raw bytes;
    valid events are de-duplicated by `event_id` (within the batch and against
    the partitions they land in), so a producer's retry is one row;
 4. stage Parquet files (fsync), commit the manifest (atomic rename: the point
@@ -16,11 +17,10 @@ Order of operations, and why it is exactly-once:
 
 from __future__ import annotations
 
+import gc
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipelines.config import TracerlConfig
-from pipelines.contract.validate import ValidationError, decode_message, parse_time
 from pipelines.faults import failpoint
-from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA, Columns, ms
+from pipelines.ingest.decode import Chunk, Decoder
+from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.services.kafka import client_options
 
@@ -53,6 +53,7 @@ class IngestResult:
     recovered: dict[str, int] = field(default_factory=dict)
     kafka_commit: str = "skipped"
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # join, poll, land, commit (seconds)
 
     @property
     def quarantine_rate(self) -> float:
@@ -96,95 +97,111 @@ def open_consumer(cfg: TracerlConfig, lake: Lake, group_id: str | None = None, t
     return consumer
 
 
-def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int) -> list:
-    """Poll until `max_events`, `idle_seconds` without data, or the run's time budget."""
+def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
+               decoder: Decoder | None = None) -> tuple[list, float | None]:
+    """Poll until `max_events`, `idle_seconds` without data, or the run's time budget.
+
+    Returns the records and when the first one arrived (group join ends there)."""
     ic = cfg.ingest
     records: list = []
     start = time.monotonic()
     idle_since: float | None = None
+    first: float | None = None
     while len(records) < max_events and time.monotonic() - start < ic.max_run_seconds:
         batch = consumer.poll(timeout_ms=200, max_records=min(ic.max_poll_records, max_events - len(records)))
         got = 0
         for msgs in batch.values():
             records.extend(msgs)
             got += len(msgs)
+            if decoder and msgs:
+                decoder.submit(Chunk(msgs[0].topic, msgs[0].partition, len(records) - len(msgs),
+                                     [m.offset for m in msgs], [m.timestamp for m in msgs],
+                                     [m.key for m in msgs], [m.value for m in msgs]))
         now = time.monotonic()
         if got:
             idle_since = None
+            first = first or now
         elif consumer.assignment() or now - start > ic.join_timeout_seconds:
             idle_since = idle_since or now
             if now - idle_since >= ic.idle_seconds:
                 break
-    return records
+    return records, first
 
 
-def _existing_ids(lake: Lake, tenant: str, date: str, ids: list[str]) -> set[str]:
+def _existing_ids(lake: Lake, tenant: str, date: str, ids: pa.ChunkedArray) -> pa.Array | None:
+    """Which of `ids` the lake already holds in the partition they would land in."""
     folder = lake.dataset(EVENTS) / f"tenant={tenant}" / f"date={date}"
     files = sorted(folder.glob("*.parquet")) if folder.exists() else []
     if not files:
-        return set()
+        return None
     table = ds.dataset(files, format="parquet").to_table(
-        columns=["event_id"], filter=pc.field("event_id").isin(pa.array(ids, pa.string())))
-    return set(table.column("event_id").to_pylist())
+        columns=["event_id"], filter=pc.field("event_id").isin(ids.combine_chunks()))
+    return table.column("event_id").combine_chunks()
 
 
-def land(lake: Lake, records: list, cfg: TracerlConfig, result: IngestResult) -> None:
-    """Validate, de-duplicate and commit `records` to the lake (steps 2-4 above)."""
-    now_ms = int(time.time() * 1000)
+def _first_occurrences(table: pa.Table, column: str) -> pa.Table:
+    """Rows whose `column` value has not appeared in an earlier row (keep-first dedupe)."""
+    if table.num_rows == 0:
+        return table
+    indexed = table.select([column]).append_column("_i", pa.array(range(table.num_rows), pa.int64()))
+    first = indexed.group_by(column, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
+    if len(first) == table.num_rows:
+        return table  # the common case: no duplicates, no copy of the payloads
+    first = first.combine_chunks()
+    return table.take(first.take(pc.array_sort_indices(first)))
+
+
+def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> None:
+    """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
     with lake.locked():
         result.recovered = lake.recover()
-        high = {tp: off for tp, off in lake.watermarks().items()}
-        pending: dict[tuple[str, str], list[tuple]] = defaultdict(list)
-        quarantine: dict[str, Columns] = {}
-        seen: set[str] = set()
-        offsets: dict[str, list[int]] = {}
-        for r in records:
-            tp = f"{r.topic}:{r.partition}"
+        high = {tuple(k.rsplit(":", 1)): v for k, v in lake.watermarks().items()}
+        high = {(t, int(p)): v for (t, p), v in high.items()}
+        keep = [False] * len(records)
+        spans: dict[tuple[str, int], list[int]] = {}
+        for i, r in enumerate(records):
+            tp = (r.topic, r.partition)
             if r.offset <= high.get(tp, -1):
-                result.already_landed += 1
-                continue
+                continue  # landed before: a replay after a crash, or a concurrent consumer's
             high[tp] = r.offset
-            span = offsets.setdefault(tp, [r.offset, r.offset])
-            span[1] = r.offset
-            try:
-                e = decode_message(r.value, cfg.ingest.max_event_bytes)
-            except ValidationError as err:
-                ts = r.timestamp if r.timestamp and r.timestamp > 0 else now_ms
-                day = datetime.fromtimestamp(ts / 1000, timezone.utc).date().isoformat()
-                q = quarantine.setdefault(day, Columns(QUARANTINE_SCHEMA))
-                for name, v in zip(q.cols, (err.reason, str(err), r.value, r.key, r.topic, r.partition,
-                                            r.offset, ts, now_ms, result.run_id)):
-                    q.cols[name].append(v)
-                result.reasons[err.reason] = result.reasons.get(err.reason, 0) + 1
-                continue
-            eid = e["event_id"]
-            if eid in seen:
-                result.duplicates += 1
-                continue
-            seen.add(eid)
-            t = parse_time(e["event_time"]).astimezone(timezone.utc)
-            pending[(e["tenant"], t.date().isoformat())].append((
-                eid, e["type"], e["schema_version"], e["app"], e.get("task"), e["trace_id"],
-                e.get("turn_id"), ms(t), r.value.decode(), r.topic, r.partition, r.offset,
-                now_ms, result.run_id,
-            ))
-        if not offsets:
+            keep[i] = True
+            span = spans.get(tp)
+            if span:
+                span[1] = r.offset
+            else:
+                spans[tp] = [r.offset, r.offset]
+        result.already_landed = len(records) - sum(keep)
+        if not spans:
             return
+        events, quarantine = decoder.results()
+        if result.already_landed:
+            fresh = pa.array(keep, pa.bool_())
+            events = events.filter(fresh.take(events.column("row")))
+            quarantine = quarantine.filter(fresh.take(quarantine.column("row")))
+        unique = _first_occurrences(events, "event_id")
+        result.duplicates = events.num_rows - unique.num_rows
         txn = lake.begin(result.run_id)
-        for (tenant, day), rows in sorted(pending.items()):
-            known = _existing_ids(lake, tenant, day, [row[0] for row in rows])
-            if known:
-                result.duplicates += sum(row[0] in known for row in rows)
-                rows = [row for row in rows if row[0] not in known]
-            if rows:
-                cols = Columns(EVENTS_SCHEMA)
-                for name, values in zip(cols.cols, zip(*rows)):
-                    cols.cols[name] = list(values)
-                result.files.append(txn.stage(EVENTS, {"tenant": tenant, "date": day}, cols.table()))
-                result.landed += len(rows)
-        for day, q in sorted(quarantine.items()):
-            result.files.append(txn.stage(QUARANTINE, {"date": day}, q.table()))
-            result.quarantined += len(q)
+        parts = unique.select(["tenant", "day"]).group_by(["tenant", "day"]).aggregate([]).to_pylist()
+        for part in parts:
+            tenant, day = part["tenant"], part["day"]
+            rows = unique if len(parts) == 1 else unique.filter(
+                pc.and_(pc.equal(unique.column("tenant"), tenant), pc.equal(unique.column("day"), day)))
+            known = _existing_ids(lake, tenant, day, rows.column("event_id"))
+            if known is not None:
+                new = pc.invert(pc.is_in(rows.column("event_id"), known))
+                result.duplicates += rows.num_rows - pc.sum(new).as_py()
+                rows = rows.filter(new)
+            if rows.num_rows:
+                rows = rows.select(EVENTS_SCHEMA.names)  # still in Kafka order
+                result.files.append(txn.stage(EVENTS, {"tenant": tenant, "date": day}, rows))
+                result.landed += rows.num_rows
+        for day in sorted(set(quarantine.column("day").to_pylist())):
+            rows = quarantine.filter(pc.field("day") == day).select(QUARANTINE_SCHEMA.names)
+            result.files.append(txn.stage(QUARANTINE, {"date": day}, rows))
+            result.quarantined += rows.num_rows
+        for reason in quarantine.column("reason").to_pylist():
+            result.reasons[reason] = result.reasons.get(reason, 0) + 1
+        offsets = {f"{t}:{p}": span for (t, p), span in spans.items()}
         failpoint("ingest.after_stage")
         result.offsets = offsets
         txn.commit(offsets, {"landed": result.landed, "quarantined": result.quarantined,
@@ -220,12 +237,25 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
     result = IngestResult(run_id=run_id)
     lake = Lake(cfg.lake)
     consumer = open_consumer(cfg, lake, group_id, topic)
+    # A batch holds ~1e5 records alive; the cyclic GC would rescan them all on every
+    # collection (measured: 3x slower polling). Nothing here creates cycles.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    decoder = Decoder(cfg.ingest.max_event_bytes, cfg.ingest.decode_workers, run_id, int(time.time() * 1000))
     try:
-        records = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events)
+        records, first = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events, decoder)
+        polled = time.monotonic()
         result.consumed = len(records)
-        land(lake, records, cfg, result)
+        land(lake, records, decoder, result)
+        landed = time.monotonic()
         result.kafka_commit = commit_offsets(consumer, result.offsets)
+        first = first or polled
+        result.timings = {"join": round(first - started, 3), "poll": round(polled - first, 3),
+                          "land": round(landed - polled, 3), "commit": round(time.monotonic() - landed, 3)}
     finally:
+        decoder.close()
+        if gc_was_enabled:
+            gc.enable()
         consumer.close(autocommit=False)
     result.seconds = time.monotonic() - started
     return result

@@ -62,6 +62,7 @@ def generate_trace(rng: random.Random, base: datetime, adapter_version: str | No
             for attempt in range(1, (2 if outcome != "ok" and rng.random() < 0.5 else 1) + 1):
                 events.append(ToolCall(
                     **env, task=task, turn_id=turn.turn_id, name=tool, arguments={"id": n},
+                    call_id=f"ca-{rng.getrandbits(64):016x}",
                     event_id=f"ev-{rng.getrandbits(64):016x}", event_time=_time(base, t + 1 + attempt),
                     outcome=outcome if attempt == 1 else "ok", attempt=attempt,
                     error=None if outcome == "ok" or attempt > 1 else f"{tool} {outcome}",

@@ -9,8 +9,6 @@ DuckDB views (`pipelines/lake/query.py`) give each event type typed columns.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import pyarrow as pa
 
 TS = pa.timestamp("ms", tz="UTC")
@@ -59,7 +57,3 @@ class Columns:
     def table(self) -> pa.Table:
         return pa.table({n: pa.array(v, type=self.schema.field(n).type) for n, v in self.cols.items()},
                         schema=self.schema)
-
-
-def ms(t: datetime) -> int:
-    return int(t.timestamp() * 1000)
