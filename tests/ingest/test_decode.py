@@ -7,9 +7,13 @@ from pipelines.ingest.decode import Chunk, Decoder
 from pipelines.ingest.sample import bad_messages, generate
 
 
+VALUES = [json.dumps(e.to_dict()).encode()
+          for e in generate(30, seed=3, start=datetime(2026, 11, 30, tzinfo=timezone.utc))]
+VALUES[5:5] = [raw for _, raw in bad_messages(4096)]
+
+
 def _chunks():
-    values = [json.dumps(e.to_dict()).encode() for e in generate(30, seed=3, start=datetime(2026, 11, 30, tzinfo=timezone.utc))]
-    values[5:5] = [raw for _, raw in bad_messages(4096)]
+    values = VALUES
     half = len(values) // 2
     for first, part in ((0, values[:half]), (half, values[half:])):
         yield Chunk("t", first % 2, first, list(range(first, first + len(part))), [1_700_000_000_000] * len(part),
