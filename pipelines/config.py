@@ -84,11 +84,25 @@ class IngestConfig:
 
 
 @dataclass
+class MlflowConfig:
+    """Where runs, metrics, adapters and the model registry live.
+
+    `tracking_uri=None` is the embedded default: a SQLite store at `<home>/mlflow.db` with
+    artifacts under `<home>/mlartifacts` (what `tracerl start mlflow` serves in the UI).
+    Set it to `http://your-mlflow:5000` (or a Postgres URI) to use your own.
+    """
+
+    tracking_uri: str | None = None
+    experiment: str = "tracerl"
+
+
+@dataclass
 class TracerlConfig:
     home: Path = Path(".tracerl")
     lake_root: Path | None = None
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     @property
     def lake(self) -> Path:
@@ -102,6 +116,18 @@ class TracerlConfig:
     @property
     def log_dir(self) -> Path:
         return self.home / "logs"
+
+    @property
+    def adapter_root(self) -> Path:
+        return self.home / "adapters"
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow.tracking_uri or f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def artifact_root(self) -> Path:
+        return (self.home / "mlartifacts").resolve()
 
 
 def _apply(obj: Any, values: dict[str, Any], where: str) -> None:
@@ -130,6 +156,7 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TracerlConf
         "TRACERL_HOME": lambda v: setattr(cfg, "home", Path(v)),
         "TRACERL_LAKE": lambda v: setattr(cfg, "lake_root", Path(v)),
         "TRACERL_KAFKA_BOOTSTRAP": lambda v: setattr(cfg.kafka, "bootstrap_servers", v),
+        "MLFLOW_TRACKING_URI": lambda v: setattr(cfg.mlflow, "tracking_uri", v),
     }
     for name, setter in env.items():
         if os.environ.get(name):

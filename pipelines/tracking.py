@@ -1,0 +1,59 @@
+"""MLflow: every learner step, gate decision and deploy is a run people can review.
+
+The embedded default is a real MLflow store (SQLite + a local artifact folder), used
+directly by the library; `tracerl start mlflow` serves the same store in the UI.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from pipelines.config import TracerlConfig
+
+
+def client(cfg: TracerlConfig):
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(cfg.tracking_uri)
+    return MlflowClient(cfg.tracking_uri)
+
+
+def experiment_id(cfg: TracerlConfig, name: str | None = None) -> str:
+    """The experiment, created with its artifacts under the tracerl home (not ./mlruns)."""
+    c = client(cfg)
+    name = name or cfg.mlflow.experiment
+    exp = c.get_experiment_by_name(name)
+    if exp:
+        return exp.experiment_id
+    location = None
+    if cfg.mlflow.tracking_uri is None:
+        cfg.artifact_root.mkdir(parents=True, exist_ok=True)
+        location = (cfg.artifact_root / name).as_uri()
+    return c.create_experiment(name, artifact_location=location)
+
+
+@contextmanager
+def run(cfg: TracerlConfig, name: str, tags: dict[str, str], params: dict[str, Any],
+        experiment: str | None = None) -> Iterator[Any]:
+    """An MLflow run with its resolved config as params (flattened, dotted keys)."""
+    import mlflow
+
+    client(cfg)
+    with mlflow.start_run(experiment_id=experiment_id(cfg, experiment), run_name=name, tags=tags) as r:
+        flat = flatten(params)
+        for i in range(0, len(flat), 100):  # MLflow caps a batch at 100 params
+            mlflow.log_params(dict(list(flat.items())[i:i + 100]))
+        yield r
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:500]
+    return out

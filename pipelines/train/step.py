@@ -1,0 +1,262 @@
+"""One learner iteration: base + LoRA, a batch of rewarded turns, a few AdamW steps, a new adapter.
+
+Reads top to bottom like nanoGPT's loop. Phases, in order:
+  1. load the base (fp32) and wrap it with LoRA: fresh from the config, or the parent adapter
+     loaded trainable;
+  2. encode turns; staleness weights (drop / down-weight turns served by old adapters);
+  3. advantages (policy gradient) or desirable labels (KTO); drop samples with no signal;
+  4. ``steps_per_iteration`` optimizer steps, each over its slice of the batch, in micro-batches:
+     policy forward -> token logprobs; reference logprobs from the SAME model with adapters
+     disabled (no grad); loss from the pure functions in ``losses``; backward;
+     then clip, AdamW step, log;
+  5. save the adapter (safetensors) to ``out_dir`` atomically.
+
+The base weights are frozen (peft) and fingerprinted before and after: a change raises.
+Same inputs + seed on one machine -> bit-identical adapter.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Hashable, Sequence
+
+from pipelines.train.adapters import write_folder_atomically
+from pipelines.train.batch import EncodedTurn, TrainTurn, collate, encode_turns
+from pipelines.train.config import KTOObjective, TrainConfig
+
+_VERSION = re.compile(r"(?:^|[/:])v?([0-9]+)$")
+
+
+@dataclass
+class StepResult:
+    adapter_dir: Path
+    steps: list[dict[str, float]]  # one dict per optimizer step
+    summary: dict[str, Any]  # data counts, timings, final metrics
+    task_baselines: dict[Hashable, float] = field(default_factory=dict)  # feed to the next call
+    turn_ids: list[str] = field(default_factory=list)  # the turns that carried signal
+
+
+def parse_version(value: str | None) -> int | None:
+    """'v3', '3', 'acme/support/v3' -> 3; None (base model) -> 0; anything else -> None."""
+    if value is None:
+        return 0
+    m = _VERSION.search(str(value).strip())
+    return int(m.group(1)) if m else None
+
+
+def build_policy(base_model_path: Path, parent_adapter_dir: Path | None, cfg: TrainConfig, seed: int):
+    """(peft model in train mode with only LoRA trainable, tokenizer). LoRA init uses ``seed``."""
+    import torch
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model_path)
+    base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=torch.float32)
+    if parent_adapter_dir is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = get_peft_model(base, cfg.lora.to_peft())
+    else:
+        model = PeftModel.from_pretrained(base, parent_adapter_dir, is_trainable=True)
+        pc = model.peft_config["default"]
+        got = (pc.r, pc.lora_alpha, sorted(pc.target_modules))
+        want = (cfg.lora.r, cfg.lora.alpha, sorted(cfg.lora.target_modules))
+        if got != want:
+            raise ValueError(f"parent adapter {parent_adapter_dir} has (r, alpha, targets)={got} but "
+                             f"cfg.lora asks {want}; a lineage keeps one shape: match cfg.lora to the parent")
+    model.train()
+    return model, tokenizer
+
+
+def _base_fingerprint(model) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        return [float(p.double().sum()) for n, p in model.named_parameters() if not p.requires_grad]
+
+
+def _parent_version(parent_adapter_dir: Path | None) -> int:
+    if parent_adapter_dir is None:
+        return 0
+    meta = Path(parent_adapter_dir) / "tracerl.json"
+    if meta.is_file():
+        import json
+
+        return int(json.loads(meta.read_text())["version"])
+    v = parse_version(Path(parent_adapter_dir).name)
+    if v is None:
+        raise ValueError(f"cannot tell the version of parent adapter {parent_adapter_dir}: no tracerl.json "
+                         f"and the folder is not named v<N>; pass current_version=")
+    return v
+
+
+def _slices(n: int, steps: int, gen) -> list[list[int]]:
+    """A seeded permutation split into ``steps`` slices; with fewer samples than steps, every
+    step sees the whole batch (several epochs of a small batch)."""
+    import torch
+
+    perm = torch.randperm(n, generator=gen)
+    if n >= steps:
+        return [s.tolist() for s in torch.tensor_split(perm, steps)]
+    return [perm.tolist() for _ in range(steps)]
+
+
+def train_step(
+    base_model_path: Path,
+    parent_adapter_dir: Path | None,
+    turns: Sequence[TrainTurn],
+    cfg: TrainConfig,
+    out_dir: Path,
+    seed: int,
+    *,
+    current_version: int | None = None,
+    task_baselines: dict[Hashable, float] | None = None,
+) -> StepResult:
+    """Train the adapter on ``turns`` and save it to ``out_dir`` (must not exist).
+
+    ``current_version``: the version being trained from (staleness is measured against it);
+    default: the parent's ``tracerl.json`` version or its ``v<N>`` folder name, 0 without one.
+    ``task_baselines``: running per-task reward baselines from the previous call.
+    """
+    import torch
+
+    from pipelines.train.losses import compute_advantages, kto_loss, policy_gradient_loss, sequence_logprobs, token_logprobs
+
+    t_start = time.perf_counter()
+    obj, opt_cfg = cfg.objective, cfg.optimizer
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"out_dir {out_dir} exists; each step writes a new adapter folder")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
+
+        # 1. base + LoRA ------------------------------------------------------------------
+        model, tokenizer = build_policy(Path(base_model_path), parent_adapter_dir, cfg, seed)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        fingerprint = _base_fingerprint(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        n_trainable = sum(p.numel() for p in params)
+        current = current_version if current_version is not None else _parent_version(parent_adapter_dir)
+
+        # 2. encode + staleness ----------------------------------------------------------
+        encoded, summary = encode_turns(turns, tokenizer)
+        summary.update({"seed": float(seed), "current_version": float(current), "trainable_params": float(n_trainable),
+                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "unknown_version": 0.0})
+        weighted: list[tuple[EncodedTurn, float]] = []
+        for e in encoded:
+            v = parse_version(e.turn.adapter_version)
+            if v is None:  # unparseable version: treat as older than any K, and say so
+                summary["unknown_version"] += 1
+                w = cfg.staleness.sample_weight(cfg.staleness.max_versions_behind + 1)
+            else:
+                w = cfg.staleness.sample_weight(current - v)
+            if w == 0.0:
+                summary["stale_dropped"] += 1
+                continue
+            summary["stale_downweighted"] += w < 1.0
+            weighted.append((e, w))
+
+        # 3. advantages / labels ---------------------------------------------------------
+        if isinstance(obj, KTOObjective):
+            kept = [(e, w) for e, w in weighted if e.turn.reward != 0.0]  # KTO needs thumbs up or down
+            summary["neutral_dropped"] = float(len(weighted) - len(kept))
+            signal = [1.0 if e.turn.reward > 0 else 0.0 for e, _ in kept]  # desirable flag
+            baselines = dict(task_baselines or {})
+        else:
+            adv = compute_advantages([e.turn.reward for e, _ in weighted], [e.turn.group_id for e, _ in weighted],
+                                     [e.turn.task for e, _ in weighted], dict(task_baselines or {}), obj)
+            summary.update(adv.metrics)  # reward_mean, adv_mean/std, kept, zero_var_groups, ...
+            kept = [ew for ew, k in zip(weighted, adv.keep.tolist()) if k]
+            signal = [a for a, k in zip(adv.advantages.tolist(), adv.keep.tolist()) if k]
+            baselines = adv.baselines
+        summary["trained_samples"] = float(len(kept))
+        print(f"train_step: {len(turns)} turns -> {len(kept)} with signal; version {current}; "
+              f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}")
+
+        # 4. optimizer steps ---------------------------------------------------------------
+        optimizer = torch.optim.AdamW(params, lr=opt_cfg.lr, betas=opt_cfg.betas, weight_decay=opt_cfg.weight_decay)
+        steps: list[dict[str, float]] = []
+        for step, idx in enumerate(_slices(len(kept), opt_cfg.steps_per_iteration, gen) if kept else []):
+            t0 = time.perf_counter()
+            step_tokens = sum(len(kept[i][0].output_ids) for i in idx)
+            acc: dict[str, float] = {"loss": 0.0, "kl_tok": 0.0, "ratio_tok": 0.0, "clip_tok": 0.0,
+                                     "ratio_max": -math.inf, "ratio_min": math.inf, "missing_behaviour": 0.0}
+            optimizer.zero_grad(set_to_none=True)
+            for start in range(0, len(idx), opt_cfg.micro_batch_size):
+                mb = idx[start: start + opt_cfg.micro_batch_size]
+                batch = collate([kept[i][0] for i in mb], pad_id)
+                weights = torch.tensor([kept[i][1] for i in mb], dtype=torch.float32)
+                sig = torch.tensor([signal[i] for i in mb], dtype=torch.float32)
+                targets, mask = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]
+
+                # policy forward: logits at t-1 score the token at t
+                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                lp = token_logprobs(logits[:, :-1], targets)
+                # reference: same weights, adapters off, no graph
+                with torch.no_grad(), model.disable_adapter():
+                    ref_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                    ref_lp = token_logprobs(ref_logits[:, :-1], targets)
+                    del ref_logits
+
+                if isinstance(obj, KTOObjective):
+                    pol_seq, ref_seq = sequence_logprobs(lp, mask), sequence_logprobs(ref_lp, mask)
+                    loss, m = kto_loss(pol_seq, ref_seq, sig > 0, obj, sample_weights=weights)
+                    loss = loss * (len(mb) / len(idx))  # kto_loss averages over its micro-batch
+                    # note: z₀ (the KL reference point) is estimated per micro-batch, not per step
+                    ntok = float(mask.sum())
+                    m = {**m, "ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0, "clip_frac": 0.0}
+                else:
+                    # no logged q: use the current policy itself (ρ = 1), never a made-up value
+                    q = torch.where(batch.has_behaviour[:, None], batch.behaviour_logprobs[:, 1:], lp.detach())
+                    loss, m = policy_gradient_loss(lp, q, ref_lp, sig, mask, obj, sample_weights=weights,
+                                                   num_tokens=step_tokens)
+                    ntok = m["tokens"]
+                loss.backward()
+                acc["loss"] += float(loss.item())
+                acc["kl_tok"] += m["kl"] * ntok
+                acc["ratio_tok"] += m["ratio_mean"] * ntok
+                acc["clip_tok"] += m["clip_frac"] * ntok
+                acc["ratio_max"] = max(acc["ratio_max"], m["ratio_max"])
+                acc["ratio_min"] = min(acc["ratio_min"], m["ratio_min"])
+                acc["missing_behaviour"] += float((~batch.has_behaviour).sum())
+
+            # clip, step
+            clip = opt_cfg.grad_clip if opt_cfg.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            optimizer.step()
+
+            # log
+            dt = time.perf_counter() - t0
+            tok = max(step_tokens, 1)
+            sig_t = torch.tensor([signal[i] for i in idx])
+            steps.append({
+                "step": float(step), "loss": acc["loss"], "samples": float(len(idx)), "tokens": float(step_tokens),
+                "reward_mean": float(sum(kept[i][0].turn.reward for i in idx) / len(idx)),
+                "adv_mean": float(sig_t.mean()), "adv_std": float(sig_t.std(unbiased=False)),
+                "ratio_mean": acc["ratio_tok"] / tok, "ratio_max": acc["ratio_max"], "ratio_min": acc["ratio_min"],
+                "clip_frac": acc["clip_tok"] / tok, "kl": acc["kl_tok"] / tok, "grad_norm": grad_norm,
+                "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr,
+                "tokens_per_s": step_tokens / dt if dt > 0 else math.nan, "step_s": dt,
+                # process high-water mark so far (ru_maxrss is KiB on Linux)
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            })
+            print(" ".join(f"{k}={v:.4g}" for k, v in steps[-1].items()))
+
+        if _base_fingerprint(model) != fingerprint:
+            raise RuntimeError("base weights changed during train_step; only LoRA parameters may train")
+
+        # 5. save --------------------------------------------------------------------------
+        write_folder_atomically(out_dir, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+
+    summary.update({"optimizer_steps": float(len(steps)), "base_unchanged": True,
+                    "wall_s": time.perf_counter() - t_start,
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0})
+    if steps:
+        summary.update({f"final_{k}": steps[-1][k] for k in ("loss", "kl", "ratio_mean", "grad_norm")})
+    return StepResult(out_dir, steps, summary, baselines, [e.turn.turn_id for e, _ in kept])

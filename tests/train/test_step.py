@@ -1,0 +1,183 @@
+"""The learner step on the tiny Llama: LoRA-only updates, determinism, a real learning signal."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+from pipelines.models.registry import base_model_hash  # noqa: E402
+from pipelines.models.tiny import make_tiny_llama  # noqa: E402
+from pipelines.train.batch import TrainTurn, collate, encode_turns  # noqa: E402
+from pipelines.train.config import (  # noqa: E402
+    KTOObjective, OptimizerSettings, PolicyGradientObjective, StalenessSettings, TrainConfig)
+from pipelines.train.losses import token_logprobs  # noqa: E402
+from pipelines.train.step import build_policy, parse_version, train_step  # noqa: E402
+
+MESSAGES = [[{"role": "user", "content": "Is the sky blue?"}],
+            [{"role": "user", "content": "What is 2 plus 2?"}]]
+GOOD, BAD = " Yes, it is.", " banana banana banana"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", seed=0, warmup_steps=0)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny)
+
+
+def _cfg(objective=None, steps=2, lr=1e-3, **staleness) -> TrainConfig:
+    return TrainConfig(base_model="tiny", lora=dataclasses.replace(TrainConfig().lora, r=8, alpha=16),
+                       objective=objective or PolicyGradientObjective(),
+                       optimizer=OptimizerSettings(lr=lr, steps_per_iteration=steps, micro_batch_size=4),
+                       staleness=StalenessSettings(**staleness))
+
+
+def _seq_logprob(tiny, adapter, prompt_ids, output_ids) -> float:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    ids = torch.tensor([prompt_ids + output_ids])
+    with torch.no_grad():
+        lp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+    return float(lp[0, len(prompt_ids) - 1:].sum())
+
+
+def _behaviour(tiny, prompt_ids, output_ids) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids + output_ids])
+    with torch.no_grad():
+        lp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+    return lp[0, len(prompt_ids) - 1:].tolist()
+
+
+def _turns(tok, with_behaviour=None, rewards=(1.0, 0.0), tiny=None, version=None) -> list[TrainTurn]:
+    """Two prompts x (GOOD, BAD) replies, each prompt one group."""
+    turns = []
+    for p, msgs in enumerate(MESSAGES):
+        prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"]
+        for text, reward in zip((GOOD, BAD), rewards):
+            out = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            beh = _behaviour(tiny, prompt, out) if with_behaviour else None
+            turns.append(TrainTurn(f"p{p}-{reward}", "qa", prompt, msgs, out, text, beh, reward,
+                                   group_id=f"p{p}", adapter_version=version))
+    return turns
+
+
+def _lora_state(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def test_step_changes_every_lora_parameter_and_never_the_base(tiny, tok, tmp_path):
+    from peft import get_peft_model_state_dict
+
+    cfg = _cfg(steps=2)
+    model, _ = build_policy(tiny, None, cfg, seed=3)
+    before = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    assert all(("lora_" in n) == p.requires_grad for n, p in model.named_parameters())
+    base_hash = base_model_hash(tiny)
+
+    res = train_step(tiny, None, _turns(tok), cfg, tmp_path / "a1", seed=3)
+    after = _lora_state(res.adapter_dir)
+    assert set(after) == set(before) and len(after) == 2 * 2 * 4  # A, B x 2 layers x q/k/v/o
+    unchanged = [k for k in before if torch.equal(before[k], after[k])]
+    assert not unchanged, f"LoRA parameters not updated: {unchanged}"
+    assert res.summary["base_unchanged"] is True and base_model_hash(tiny) == base_hash
+    assert len(res.steps) == 2 and all(s["grad_norm"] > 0 for s in res.steps)
+    for key in ("loss", "reward_mean", "adv_mean", "ratio_mean", "clip_frac", "kl", "grad_norm",
+                "tokens_per_s", "peak_rss_mb"):
+        assert key in res.steps[0]
+    assert not list(tmp_path.glob(".tmp-*"))  # atomic save left no temp folder
+
+
+def test_same_seed_same_adapter(tiny, tok, tmp_path):
+    cfg, turns = _cfg(steps=2), _turns(tok)
+    a = _lora_state(train_step(tiny, None, turns, cfg, tmp_path / "a", seed=7).adapter_dir)
+    b = _lora_state(train_step(tiny, None, turns, cfg, tmp_path / "b", seed=7).adapter_dir)
+    c = _lora_state(train_step(tiny, None, turns, cfg, tmp_path / "c", seed=8).adapter_dir)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_rewarded_output_becomes_more_likely_and_chains_from_parent(tiny, tok, tmp_path):
+    turns = _turns(tok, with_behaviour=True, tiny=tiny)
+    prompt, good, bad = turns[0].prompt_token_ids, turns[0].output_token_ids, turns[1].output_token_ids
+    cfg = _cfg(steps=4, lr=2e-3)
+    r1 = train_step(tiny, None, turns, cfg, tmp_path / "v1", seed=0)
+    # on-policy data from the base + a zero-initialised LoRA: the first step sees ρ ≈ 1
+    assert abs(r1.steps[0]["ratio_mean"] - 1.0) < 1e-4 and r1.steps[0]["missing_behaviour"] == 0
+    assert r1.steps[-1]["kl"] > 0
+    r2 = train_step(tiny, r1.adapter_dir, _turns(tok, tiny=tiny, version="v1"), cfg, tmp_path / "v2", seed=1,
+                    current_version=1, task_baselines=r1.task_baselines)
+    base_good, base_bad = _seq_logprob(tiny, None, prompt, good), _seq_logprob(tiny, None, prompt, bad)
+    v1_good = _seq_logprob(tiny, r1.adapter_dir, prompt, good)
+    v2_good, v2_bad = _seq_logprob(tiny, r2.adapter_dir, prompt, good), _seq_logprob(tiny, r2.adapter_dir, prompt, bad)
+    assert v1_good > base_good + 0.1, (base_good, v1_good)
+    assert v2_good > v1_good, (v1_good, v2_good)
+    assert v2_bad < base_bad, (base_bad, v2_bad)
+
+
+def test_kto_objective_runs_and_drops_neutral_turns(tiny, tok, tmp_path):
+    turns = _turns(tok, rewards=(1.0, -1.0)) + _turns(tok, rewards=(0.0, 0.0))
+    res = train_step(tiny, None, turns, _cfg(objective=KTOObjective(beta=0.1), steps=2), tmp_path / "k", seed=0)
+    assert res.summary["neutral_dropped"] == 4 and res.summary["trained_samples"] == 4
+    assert len(res.steps) == 2 and all(torch.isfinite(torch.tensor(s["loss"])) for s in res.steps)
+    assert (res.adapter_dir / "adapter_model.safetensors").is_file()
+
+
+def test_missing_behaviour_and_retokenized_turns_are_counted(tiny, tok, tmp_path):
+    turns = _turns(tok, with_behaviour=True, tiny=tiny)
+    turns[1] = dataclasses.replace(turns[1], behaviour_logprobs=None)
+    turns[2] = dataclasses.replace(turns[2], prompt_token_ids=None, output_token_ids=None, behaviour_logprobs=None)
+    res = train_step(tiny, None, turns, _cfg(steps=1), tmp_path / "m", seed=0)
+    assert res.summary["missing_behaviour"] == 2
+    assert res.summary["retokenized_prompts"] == 1 and res.summary["retokenized_outputs"] == 1
+    assert res.steps[0]["missing_behaviour"] == 2
+    # ids re-derived from messages/text match what was served (the EOS aside)
+    enc, _ = encode_turns([turns[2]], tok)
+    assert enc[0].prompt_ids == _turns(tok)[2].prompt_token_ids
+    assert enc[0].output_ids == _turns(tok)[2].output_token_ids[:-1]
+
+
+def test_stale_turns_are_dropped_or_downweighted(tiny, tok, tmp_path):
+    old = _turns(tok, version="acme/qa/v1")
+    res = train_step(tiny, None, old, _cfg(steps=1, max_versions_behind=2), tmp_path / "d", seed=0, current_version=5)
+    assert res.summary["stale_dropped"] == 4 and res.steps == []
+    res = train_step(tiny, None, old, _cfg(steps=1, max_versions_behind=2, mode="downweight"), tmp_path / "w",
+                     seed=0, current_version=5)
+    assert res.summary["stale_downweighted"] == 4 and len(res.steps) == 1
+    with pytest.raises(ValueError, match="newer adapter"):
+        train_step(tiny, None, old, _cfg(steps=1), tmp_path / "n", seed=0, current_version=0)
+    assert [parse_version(v) for v in ("v3", "3", "t/q/v12", None, "latest")] == [3, 3, 12, 0, None]
+
+
+def test_collate_masks_come_from_lengths_not_pad_ids(tok):
+    eos = tok.eos_token_id
+    turns = [TrainTurn("a", "t", [5, 6, 7], None, [8, eos], "", [-1.0, -2.0], 1.0),
+             TrainTurn("b", "t", [5], None, [eos, eos, eos], "", None, 0.0)]
+    enc, counts = encode_turns(turns, tok)
+    batch = collate(enc, pad_token_id=eos)  # SmolLM2-style: pad == EOS
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, eos], [5, eos, eos, eos, eos]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 0]]
+    assert batch.behaviour_logprobs[0].tolist() == [0, 0, 0, -1.0, -2.0]
+    assert batch.has_behaviour.tolist() == [True, False] and counts["missing_behaviour"] == 1
+    with pytest.raises(ValueError, match="misaligned"):
+        encode_turns([dataclasses.replace(turns[0], behaviour_logprobs=[-1.0])], tok)
