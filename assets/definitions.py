@@ -1,16 +1,17 @@
-"""The Dagster code location: every tracerl asset, check, job, schedule and resource.
+"""The Dagster code location: every tracerl asset, check, job, schedule, sensor and resource.
 
 `DAGSTER_HOME=dagster_home dagster dev` (or `make dagster`) shows it.
 """
 
 import dagster as dg
 
-from assets import ingest
+from assets import ingest, reward, train
 from assets.resources import TracerlResource
 
 defs = dg.Definitions(
-    assets=[ingest.lake_events],
-    jobs=[ingest.ingest_job],
-    schedules=[ingest.ingest_schedule],
+    assets=[ingest.lake_events, *reward.reward_assets, *train.train_assets],
+    jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs],
+    schedules=[ingest.ingest_schedule, *reward.reward_schedules],
+    sensors=[*train.train_sensors],
     resources={"tracerl": TracerlResource()},
 )

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.deploy.vllm_server import ServeConfig
+from pipelines.train.config import TrainConfig
+
 # kafka-python settings passed through unchanged when set (security and tuning).
 KAFKA_PASSTHROUGH = (
     "security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
@@ -97,12 +100,23 @@ class MlflowConfig:
 
 
 @dataclass
+class LearnerConfig:
+    """When and on what the learner runs (the how is `TrainConfig`)."""
+
+    min_new_turns: int = 32              # fewer new settled turns: skip, no empty run
+    max_turns: int = 256                 # turns per iteration (oldest first)
+
+
+@dataclass
 class TracerlConfig:
     home: Path = Path(".tracerl")
     lake_root: Path | None = None
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     @property
     def lake(self) -> Path:
@@ -136,7 +150,9 @@ def _apply(obj: Any, values: dict[str, Any], where: str) -> None:
         if key not in names:
             raise ValueError(f"{where}: unknown setting {key!r}; known: {sorted(names)}")
         current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
+        if isinstance(current, TrainConfig):  # frozen, with a tagged union: its own parser
+            setattr(obj, key, TrainConfig.from_dict({**current.to_dict(), **value}))
+        elif dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ValueError(f"{where}.{key} must be a table, got {value!r}")
             _apply(current, value, f"{where}.{key}")

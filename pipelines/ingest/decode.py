@@ -69,8 +69,7 @@ def _table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
 
 
 class Decoder:
-    """Decodes chunks as they are polled; a worker process takes chunks >= `parallel_from`
-    unless it is behind, in which case the main process decodes the chunk inline."""
+    """Decodes chunks as they are polled; a worker process takes chunks >= `parallel_from`."""
 
     def __init__(self, max_bytes: int, workers: int, run_id: str, now_ms: int, parallel_from: int = 2000):
         self.args = (max_bytes, run_id, now_ms)
@@ -78,12 +77,8 @@ class Decoder:
         self._pool: ProcessPoolExecutor | None = None
         self._parts: list = []
 
-    def _busy(self) -> bool:
-        """Workers have a backlog: the poller then decodes this chunk itself, so both cores work."""
-        return sum(isinstance(p, Future) and not p.done() for p in self._parts[-8:]) >= 2 * self.workers
-
     def submit(self, chunk: Chunk) -> None:
-        if self.workers and len(chunk.values) >= self.parallel_from and not self._busy():
+        if self.workers and len(chunk.values) >= self.parallel_from:
             if self._pool is None:  # spawn: never fork a process holding Kafka sockets and threads
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
             self._parts.append(self._pool.submit(decode_chunk, chunk, *self.args))

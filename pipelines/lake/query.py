@@ -4,7 +4,8 @@
     con = connect(".tracerl/lake")
     con.sql("SELECT task, count(*) FROM turns GROUP BY ALL").show()
 
-Views: events, turns, tool_calls, feedback, session_ends, quarantine.
+Views: events, turns, tool_calls, feedback, session_ends, quarantine, and the reward
+stage's rewards and reward_corrections.
 The same views back `tracerl sql` and every later stage (rewards, learner).
 """
 
@@ -95,7 +96,9 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckd
         )
     quarantine = _source(con, root, QUARANTINE, QUARANTINE_SCHEMA, {"date": "DATE"})
     con.execute(f"CREATE OR REPLACE VIEW quarantine AS SELECT * FROM {quarantine}")
-    return con
+    from pipelines.reward.query import register_views  # rewards, reward_corrections
+
+    return register_views(con, root)
 
 
 def connect(lake_root: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:

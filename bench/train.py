@@ -1,0 +1,102 @@
+"""Learner step vs the floor, side by side on SmolLM2-135M-Instruct.
+
+Same LoRA model, same 64 turns x ~128 output tokens, same optimizer steps:
+  floor:   a bare loop: forward, token cross-entropy on the output tokens, backward, AdamW;
+  learner: `train_step` (reference forward with adapters off, importance-corrected policy
+           gradient + KL, metrics, adapter save).
+Prints tokens/s for both, the peak RSS, and last `train_overhead_ratio=<learner/floor>`
+(target <= 1.3). The learner's time excludes model loading, like the floor's.
+
+    .venv/bin/python bench/train.py
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
+from pipelines.train.batch import TrainTurn, collate, encode_turns  # noqa: E402
+from pipelines.train.config import OptimizerSettings, TrainConfig  # noqa: E402
+from pipelines.train.step import build_policy, train_step  # noqa: E402
+
+TURNS, OUT_TOKENS, STEPS, MICRO = 64, 128, 2, 8
+
+
+def make_turns(tokenizer, seed: int = 0) -> list[TrainTurn]:
+    rng = random.Random(seed)
+    words = ["order", "refund", "status", "please", "help", "account", "ship", "today", "thanks", "why"]
+    turns = []
+    for i in range(TURNS):
+        messages = [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(12)) + "?"}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        out = [rng.randrange(100, 40000) for _ in range(OUT_TOKENS)]
+        turns.append(TrainTurn(turn_id=f"t{i}", task="bench", prompt_token_ids=ids, input_messages=messages,
+                               output_token_ids=out, output_text="", behaviour_logprobs=[-2.0] * OUT_TOKENS,
+                               reward=float(rng.choice([1, -1])), group_id=f"g{i // 4}", adapter_version=None))
+    return turns
+
+
+def floor(base: Path, cfg: TrainConfig, turns: list[TrainTurn]) -> tuple[float, int]:
+    """Seconds and tokens of the bare loop (model already loaded, like the learner's timed part)."""
+    import torch
+
+    from pipelines.train.losses import token_logprobs
+
+    model, tokenizer = build_policy(base, None, cfg, seed=0)
+    encoded, _ = encode_turns(turns, tokenizer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.optimizer.lr)
+    per_step = len(encoded) // STEPS
+    t0, tokens = time.perf_counter(), 0
+    for s in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        step = encoded[s * per_step:(s + 1) * per_step]
+        n = sum(len(e.output_ids) for e in step)
+        for i in range(0, len(step), MICRO):
+            batch = collate(step[i:i + MICRO], tokenizer.pad_token_id)
+            logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            lp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])
+            loss = -(lp * batch.loss_mask[:, 1:]).sum() / n
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        tokens += n
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    home = Path(".tracerl")
+    base = ensure_smollm2(home)
+    print(f"base: {base}; torch threads {torch.get_num_threads()}")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    turns = make_turns(tokenizer)
+    cfg = TrainConfig(base_model=str(base), optimizer=OptimizerSettings(
+        lr=1e-4, steps_per_iteration=STEPS, micro_batch_size=MICRO))
+
+    floor_s, floor_tok = floor(base, cfg, turns)
+    print(f"floor:   {floor_tok} tokens in {floor_s:.1f}s = {floor_tok / floor_s:.0f} tokens/s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        r = train_step(base, None, turns, cfg, Path(tmp) / "adapter", seed=0)
+    learner_s = sum(s["step_s"] for s in r.steps)
+    learner_tok = int(sum(s["tokens"] for s in r.steps))
+    print(f"learner: {learner_tok} tokens in {learner_s:.1f}s = {learner_tok / learner_s:.0f} tokens/s "
+          f"(kl {r.steps[-1]['kl']:.4f}, clip_frac {r.steps[-1]['clip_frac']:.3f})")
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    print(f"peak RSS {peak_gb:.2f} GB (target < 6 GB)")
+    print(f"train_overhead_ratio={(learner_s / learner_tok) / (floor_s / floor_tok):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The MLflow model registry as the review desk: one registered model per tenant/task.
+
+Each candidate adapter is a model version (source = the learner run's `adapter`
+artifact), tagged with its lineage. Aliases (`champion`, `challenger`) say what is
+live and what is under review; stages are deprecated and unused. The adapter
+store (`pipelines/train/adapters.py`) holds the files that vLLM loads; the
+version tag `adapter_version` links the two.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.config import TracerlConfig
+from pipelines.tracking import client
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+
+
+def model_name(tenant: str, task: str) -> str:
+    return f"{tenant}.{task}"
+
+
+def register_candidate(cfg: TracerlConfig, tenant: str, task: str, run_id: str, adapter_version: int,
+                       tags: dict[str, Any]) -> str:
+    """Register the run's adapter artifact as a new model version; returns the version number."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(cfg)
+    name = model_name(tenant, task)
+    try:
+        c.create_registered_model(name, tags={"tenant": tenant, "task": task},
+                                  description=f"LoRA adapters for tenant {tenant}, task {task}, trained by tracerl.")
+    except MlflowException as e:
+        if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
+            raise
+    mv = c.create_model_version(name, source=f"runs:/{run_id}/adapter", run_id=run_id,
+                                tags={"adapter_version": str(adapter_version), **{k: str(v) for k, v in tags.items()}})
+    return mv.version
+
+
+def adapter_for_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str = CHAMPION) -> int | None:
+    """The adapter-store version behind a registry alias, or None (no model or no alias yet)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client(cfg).get_model_version_by_alias(model_name(tenant, task), alias)
+    except MlflowException:
+        return None
+    return int(mv.tags["adapter_version"])
+
+
+def set_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str, registry_version: str) -> None:
+    client(cfg).set_registered_model_alias(model_name(tenant, task), alias, registry_version)

@@ -1,0 +1,1 @@
+"""Rewards: per-turn rewards from feedback and tool-call outcomes (see docs/rewards.md)."""

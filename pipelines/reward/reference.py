@@ -1,0 +1,248 @@
+"""Plain-Python reference of the reward engine: same spec, same inputs, same outputs.
+
+Written for clarity, from the pure rules in `rules.py`, one event at a time.
+It exists to check the SQL engine (tests compare them on random traffic, the
+benchmark on 1M events) and to make the semantics readable in one place.
+`compute` takes the same inputs as one engine run (new signals, pending
+signals, settled-turn registry) and returns the same four outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Iterable
+
+import pyarrow.parquet as pq
+
+from pipelines.reward import rules
+from pipelines.reward.spec import RewardSpec, SpecBook
+
+ENVELOPE = ["event_id", "type", "app", "task", "trace_id", "turn_id", "event_time", "ingested_at", "payload"]
+TYPES = ("model_turn", "tool_call", "feedback", "session_end")
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def signal(row: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """One event row of the lake -> one signal (the same columns the SQL extraction yields)."""
+    p = json.loads(row["payload"])
+    t = row["type"]
+    text = p.get("output_text") if t == "model_turn" else None
+    sent = p.get("sentiment")
+    call_id = p.get("call_id")
+    return {
+        "event_id": row["event_id"], "type": t, "tenant": tenant, "app": row["app"], "task": row["task"],
+        "trace_id": row["trace_id"], "turn_id": row["turn_id"],
+        "event_time": row["event_time"], "ingested_at": row["ingested_at"],
+        "kind": p.get("kind") if t == "feedback" else p.get("outcome"),
+        "value": _num(p.get("value")), "scale_min": _num(p.get("scale_min")), "scale_max": _num(p.get("scale_max")),
+        "sentiment": sent if isinstance(sent, str) else None,
+        "success": p.get("task_success") if isinstance(p.get("task_success"), bool) else None,
+        "call_id": call_id if isinstance(call_id, str) else None,
+        "attempt": (_int(p.get("attempt")) or 1) if t == "tool_call" else None,
+        "turn_index": _int(p.get("turn_index")), "latency_ms": _num(p.get("latency_ms")),
+        "out_chars": len(text) if isinstance(text, str) else (0 if t == "model_turn" else None),
+        "text_class": rules.text_class(text if isinstance(text, str) else None) if t == "model_turn" else None,
+    }
+
+
+def read_signals(files: Iterable[str]) -> list[dict[str, Any]]:
+    """Read event files of the lake (hive layout: tenant from the folder name)."""
+    out = []
+    for f in files:
+        tenant = next(part.split("=", 1)[1] for part in str(f).split("/") if part.startswith("tenant="))
+        for row in pq.read_table(f, columns=ENVELOPE).to_pylist():
+            if row["type"] in TYPES:
+                out.append(signal(row, tenant))
+    return out
+
+
+def _ord(s: dict) -> tuple:
+    return (s["event_time"], s["ingested_at"], s["event_id"])
+
+
+def signal_component(s: dict, spec: RewardSpec) -> tuple[str | None, float | None]:
+    """What one feedback / tool signal contributes on its own (for corrections)."""
+    k = s["kind"]
+    if s["type"] == "tool_call":
+        return "tool", rules.tool([k], spec)
+    if s["type"] != "feedback":
+        return None, None
+    if k == "thumbs":
+        return "thumbs", rules.thumbs(s["value"])
+    if k == "rating":
+        return "rating", rules.rating(s["value"], s["scale_min"], s["scale_max"], spec)
+    if k in rules.OUTPUT_KINDS:
+        return "output", rules.output(k, spec)
+    if k == "regenerate":
+        return "regenerate", rules.regenerate(True, spec)
+    if k == "follow_up":
+        return "follow_up", rules.follow_up(s["sentiment"], spec)
+    return None, None
+
+
+@dataclass
+class Output:
+    settled: list[dict] = field(default_factory=list)
+    provisional: list[dict] = field(default_factory=list)
+    corrections: list[dict] = field(default_factory=list)
+    pending: list[dict] = field(default_factory=list)
+
+
+def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[dict] = (),
+            registry: Iterable[dict] = ()) -> Output:
+    spec = lambda tenant, task: book.resolve(tenant, task)  # noqa: E731
+    # 1. all signals, deduplicated by event_id: a pending copy wins, else the first to arrive.
+    sig: dict[str, dict] = {}
+    for s in pending:
+        sig.setdefault(s["event_id"], {**s, "is_new": False})
+    for s in sorted(new, key=lambda s: (s["ingested_at"], s["event_time"])):
+        sig.setdefault(s["event_id"], {**s, "is_new": True})
+    by_type: dict[str, list[dict]] = defaultdict(list)
+    for s in sig.values():
+        by_type[s["type"]].append(s)
+
+    # 2. known turns: first arrival per turn id; settled turns of these traces from the registry.
+    reg = {r["turn_id"]: {**r, "settled_before": True} for r in registry}
+    turns: dict[str, dict] = dict(reg)
+    for s in sorted(by_type["model_turn"], key=lambda s: (s["ingested_at"], s["event_id"])):
+        if s["turn_id"] is not None and s["turn_id"] not in turns:
+            turns[s["turn_id"]] = {**s, "turn_time": s["event_time"], "settled_before": False}
+    last_index: dict[str, int] = {}
+    for t in turns.values():
+        if t["turn_index"] is not None:
+            last_index[t["trace_id"]] = max(last_index.get(t["trace_id"], t["turn_index"]), t["turn_index"])
+    trace_turns: dict[str, list[dict]] = defaultdict(list)
+    for t in turns.values():
+        trace_turns[t["trace_id"]].append(t)
+
+    # 3. per-turn feedback and tool calls, per-trace session end.
+    fb: dict[str, list[dict]] = defaultdict(list)
+    for s in by_type["feedback"]:
+        fb[s["turn_id"]].append(s)
+    tools: dict[str, list[dict]] = defaultdict(list)
+    for s in by_type["tool_call"]:
+        tools[s["turn_id"]].append(s)
+    session: dict[str, dict] = {}
+    for s in by_type["session_end"]:
+        if s["trace_id"] not in session or _ord(s) > _ord(session[s["trace_id"]]):
+            session[s["trace_id"]] = s
+
+    out = Output()
+    rows: dict[str, dict] = {}
+    for tid, t in turns.items():
+        sp = spec(t["tenant"], t["task"])
+        fs = sorted(fb.get(tid, []), key=_ord)
+        last = lambda pred: next((f for f in reversed(fs) if pred(f)), None)  # noqa: E731
+        th = last(lambda f: f["kind"] == "thumbs" and f["value"] is not None and f["value"] != 0)
+        ra = last(lambda f: f["kind"] == "rating" and f["value"] is not None)
+        ou = last(lambda f: f["kind"] in rules.OUTPUT_KINDS)
+        fu = last(lambda f: f["kind"] == "follow_up" and f["sentiment"] in ("satisfied", "dissatisfied"))
+        calls = tools.get(tid, [])
+        keys = {c["call_id"] or c["event_id"] for c in calls}
+        n_retries = len({c["call_id"] or c["event_id"] for c in calls if (c["attempt"] or 1) > 1})
+        se = session.get(t["trace_id"])
+        share = None
+        if se is not None and t["turn_index"] is not None and t["trace_id"] in last_index:
+            share = rules.session_share(t["turn_index"], last_index[t["trace_id"]], sp)
+        abandon, sess = rules.session_values(se["kind"], se["success"], sp) if se else (None, None)
+        comp = {
+            "thumbs": rules.thumbs(th["value"]) if th else None,
+            "rating": rules.rating(ra["value"], ra["scale_min"], ra["scale_max"], sp) if ra else None,
+            "output": rules.output(ou["kind"], sp) if ou else None,
+            "regenerate": rules.regenerate(any(f["kind"] == "regenerate" for f in fs), sp),
+            "follow_up": rules.follow_up(fu["sentiment"], sp) if fu else None,
+            "abandon": abandon * share if abandon is not None and share is not None else None,
+            "session": sess * share if sess is not None and share is not None else None,
+            "tool": rules.tool([c["kind"] for c in calls], sp) if keys else None,
+            "retries": rules.retries(n_retries, len(keys), sp),
+            "latency": rules.latency(t.get("latency_ms"), sp),
+            "length": rules.length(t.get("out_chars"), sp),
+        }
+        dodge = rules.dodge(t.get("text_class"), t.get("out_chars") or 0, len(keys), sp)
+        labelled, total = rules.combine(comp, dodge, sp)
+        window = t["turn_time"] + timedelta(seconds=sp.settle.window_s)
+        at_end = se["event_time"] + timedelta(seconds=sp.settle.session_end_grace_s) if se else None
+        settle_at = min(window, at_end) if at_end is not None else window
+        row = {"tenant": t["tenant"], "app": t["app"], "task": t["task"], "trace_id": t["trace_id"],
+               "turn_id": tid, "turn_index": t["turn_index"], "turn_time": t["turn_time"], **comp,
+               "dodge": dodge, "labelled": labelled, "total": total,
+               "settled": not t["settled_before"] and settle_at <= now, "settle_at": settle_at,
+               "settle_reason": "session_end" if at_end is not None and at_end < window else "window",
+               "spec_version": sp.version_id, "_share": share, "_before": t["settled_before"]}
+        rows[tid] = row
+        if not row["_before"]:
+            (out.settled if row["settled"] else out.provisional).append(row)
+
+    # 4. corrections: new events for settled turns, and orphans that outlived their window.
+    def correction(s, reason, turn_id, component, value, version):
+        return {"event_id": s["event_id"], "event_type": s["type"], "kind": s["kind"], "tenant": s["tenant"],
+                "app": s["app"], "task": s["task"], "trace_id": s["trace_id"], "turn_id": turn_id,
+                "event_time": s["event_time"], "reason": reason, "component": component, "value": value,
+                "spec_version": version}
+
+    orphan_expired: dict[str, bool] = {}
+    for s in sig.values():
+        if s["type"] in ("feedback", "tool_call") and s["turn_id"] not in turns or \
+                s["type"] == "session_end" and s["trace_id"] not in trace_turns:
+            sp = spec(s["tenant"], s["task"])
+            orphan_expired[s["event_id"]] = s["event_time"] + timedelta(seconds=sp.settle.window_s) <= now
+    for s in sig.values():
+        if not s["is_new"]:
+            continue
+        if s["type"] != "session_end" and s["turn_id"] in rows and rows[s["turn_id"]]["_before"]:
+            t = turns[s["turn_id"]]
+            out.corrections.append(correction(s, "after_settle", s["turn_id"],
+                                              *signal_component(s, spec(t["tenant"], t["task"])),
+                                              rows[s["turn_id"]]["spec_version"]))
+        elif s["type"] == "session_end" and s["trace_id"] in trace_turns:
+            emitted = False
+            for t in trace_turns[s["trace_id"]]:
+                r = rows[t["turn_id"]]
+                if not r["_before"] or r["_share"] is None:
+                    continue
+                sp = spec(t["tenant"], t["task"])
+                for comp, v in zip(("abandon", "session"), rules.session_values(s["kind"], s["success"], sp)):
+                    if v is not None:
+                        out.corrections.append(correction(s, "after_settle", t["turn_id"], comp, v * r["_share"],
+                                                          r["spec_version"]))
+                        emitted = True
+            if not emitted and all(rows[t["turn_id"]]["_before"] for t in trace_turns[s["trace_id"]]):
+                out.corrections.append(correction(s, "after_settle", None, None, None,
+                                                  spec(s["tenant"], s["task"]).version_id))
+    for eid, expired in orphan_expired.items():
+        if expired:
+            s = sig[eid]
+            sp = spec(s["tenant"], s["task"])
+            out.corrections.append(correction(s, "unknown_turn", s["turn_id"], *signal_component(s, sp),
+                                              sp.version_id))
+
+    # 5. the next pending set.
+    open_turns = {r["turn_id"] for r in out.provisional}
+    open_traces = {r["trace_id"] for r in out.provisional}
+    for s in sig.values():
+        keep = (s["type"] != "session_end" and s["turn_id"] in open_turns) or \
+               (s["type"] == "session_end" and s["trace_id"] in open_traces) or \
+               orphan_expired.get(s["event_id"]) is False
+        if keep:
+            out.pending.append({k: v for k, v in s.items() if k != "is_new"})
+    for r in out.settled + out.provisional:
+        r.pop("_share"), r.pop("_before")
+    return out
+
