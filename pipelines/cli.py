@@ -79,6 +79,42 @@ def cmd_sql(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reward(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from pipelines.reward.engine import run_rewards
+    from pipelines.reward.spec import load_spec_book
+
+    now = datetime.fromisoformat(args.now) if args.now else None
+    r = run_rewards(cfg.lake, book=load_spec_book(args.spec), now=now)
+    print(f"reward run {r.run_id}: {r.new_signals} new signals, {r.settled} turns settled "
+          f"({r.settled_unlabelled} unlabelled), {r.provisional} provisional, corrections {r.corrections}")
+    return 0
+
+
+def cmd_train(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.train.run import run_learner, training_targets
+
+    targets = [(args.tenant, args.task)] if args.tenant and args.task else training_targets(cfg)
+    for tenant, task in targets:
+        r = run_learner(cfg, tenant, task)
+        detail = (f"adapter v{r.adapter_version} from {r.parent_version or 'a fresh adapter'}, "
+                  f"{r.new_turns} turns, MLflow run {r.mlflow_run_id}") if r.status == "trained" else r.reason
+        print(f"{tenant}/{task}: {r.status}: {detail}")
+    return 0
+
+
+def cmd_adapters(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.train.adapters import AdapterStore
+
+    store = AdapterStore(cfg.adapter_root)
+    for v in store.list(args.tenant, args.task):
+        m = v.meta
+        print(f"{v.name}  parent={m.get('parent_version')}  turns={m['data_window'].get('turns')}  "
+              f"created={m.get('created_at')}  mlflow={m.get('mlflow_run_id')}")
+    return 0
+
+
 def cmd_schema(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.contract import jsonschema
 
@@ -130,6 +166,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=["table", "json"], default="table")
     s.add_argument("--max-rows", type=int, default=40)
     s.set_defaults(fn=cmd_sql)
+
+    s = sub.add_parser("reward", help="turn new lake events into per-turn rewards (incremental)")
+    s.add_argument("--spec", help="reward spec TOML (default: $TRACERL_REWARD_SPEC, ./rewards.toml, built-in)")
+    s.add_argument("--now", help="ISO 8601 event-time 'now' for settling (default: wall clock)")
+    s.set_defaults(fn=cmd_reward)
+
+    s = sub.add_parser("train", help="one learner iteration: a candidate adapter from new settled turns")
+    s.add_argument("--tenant")
+    s.add_argument("--task")
+    s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("adapters", help="list adapter versions of a tenant/task")
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--task", required=True)
+    s.set_defaults(fn=cmd_adapters)
 
     s = sub.add_parser("schema", help="print the trace-event JSON Schema")
     s.add_argument("--write", action="store_true", help="rewrite the shipped schema file")

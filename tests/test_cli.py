@@ -1,0 +1,40 @@
+"""Every CLI command has --help, and it answers without importing the heavy stack."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.cli import build_parser, main
+
+
+def _commands():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sorted(sub.choices)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_help_on_every_command(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    assert f"usage: tracerl {command}" in capsys.readouterr().out
+
+
+def test_help_is_fast_no_torch_or_dagster_import():
+    code = "import sys; from pipelines.cli import build_parser; build_parser(); " \
+           "print(any(m in sys.modules for m in ('torch', 'dagster', 'mlflow', 'kafka')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_unknown_service_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["start", "postgres"])
+    assert "unknown service" in capsys.readouterr().err
+
+
+def test_sql_on_an_empty_lake(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRACERL_HOME", str(tmp_path))
+    assert main(["--config", str(tmp_path / "none.toml"), "sql", "SELECT count(*) AS n FROM turns"]) == 0
+    assert "n" in capsys.readouterr().out
