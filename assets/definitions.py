@@ -5,13 +5,14 @@
 
 import dagster as dg
 
-from assets import ingest, reward, train
+from assets import gate, ingest, reward, train
 from assets.resources import TracerlResource
 
 defs = dg.Definitions(
     assets=[ingest.lake_events, *reward.reward_assets, *train.train_assets],
-    jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs],
+    asset_checks=[*gate.gate_checks],
+    jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs, *gate.gate_jobs],
     schedules=[ingest.ingest_schedule, *reward.reward_schedules],
-    sensors=[*train.train_sensors],
+    sensors=[*train.train_sensors, *gate.gate_sensors],
     resources={"tracerl": TracerlResource()},
 )

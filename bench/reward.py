@@ -3,8 +3,8 @@
 Writes 1M synthetic trace events as Parquet in the lake layout (as ingest
 would: `events/tenant=/date=/`, one manifest per 100k-event batch), then times
 
-(a) the SQL engine's computation (`engine.compute`: read Parquet, parse each
-    payload once, assign credit, settle) from an empty reward state, best of 3, and
+(a) the SQL engine's computation (`engine.compute`: read Parquet's hot columns,
+    never the payloads, assign credit, settle) from an empty reward state, best of 3, and
 (b) `reference.compute` over the same files (pyarrow read + json.loads + rules), once,
 
 asserts they give the same per-turn totals and settled flags, and finally runs
@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
-from pipelines.ingest.tables import EVENTS_SCHEMA  # noqa: E402
+from pipelines.ingest.decode import hot_fields  # noqa: E402
+from pipelines.ingest.tables import EVENTS_SCHEMA, HOT_COLUMNS  # noqa: E402
 from pipelines.lake.store import EVENTS, Lake  # noqa: E402
 from pipelines.reward import reference  # noqa: E402
 from pipelines.reward.engine import RewardState, compute, run_rewards  # noqa: E402
@@ -62,7 +63,8 @@ def token_pool(rng: random.Random, n: int = 256) -> list[str]:
 
 
 def generate(n_events: int, seed: int, t0: datetime) -> list[tuple]:
-    """Rows of EVENTS_SCHEMA (without kafka/run columns) plus tenant, roughly like `ingest/sample.py`."""
+    """Rows of EVENTS_SCHEMA (without kafka/run columns, tenant at 9, hot columns from 10), roughly like
+    `ingest/sample.py`."""
     rng = random.Random(seed)
     pool = token_pool(rng)
     rows: list[tuple] = []
@@ -133,7 +135,7 @@ def _row(body: dict, tokens: str = "") -> tuple:
     if tokens:
         payload = payload[:-1] + tokens + "}"
     return (body["event_id"], body["type"], 1, body["app"], body.get("task"), body["trace_id"],
-            body.get("turn_id"), t, payload, body["tenant"])
+            body.get("turn_id"), t, payload, body["tenant"], *hot_fields(body))
 
 
 def land(root: Path, rows: list[tuple], ingested_at: datetime) -> int:
@@ -157,6 +159,7 @@ def land(root: Path, rows: list[tuple], ingested_at: datetime) -> int:
                     "payload": cols[8], "kafka_topic": ["bench"] * n, "kafka_partition": [0] * n,
                     "kafka_offset": list(range(start, start + n)), "ingested_at": [ingested_at] * n,
                     "run_id": [run_id] * n,
+                    **{name: cols[10 + k] for k, (name, _) in enumerate(HOT_COLUMNS)},
                 }
                 table = pa.table({f.name: pa.array(data[f.name], f.type) for f in EVENTS_SCHEMA},
                                  schema=EVENTS_SCHEMA)

@@ -29,6 +29,25 @@ from pipelines.train.step import build_policy, train_step  # noqa: E402
 TURNS, OUT_TOKENS, STEPS, MICRO = 64, 128, 2, 8
 
 
+def behaviour_logprobs(base: Path, turns: list[TrainTurn]) -> list[TrainTurn]:
+    """Logprobs of the outputs under the base model: what vLLM would have logged serving them."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipelines.train.losses import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    out = []
+    with torch.inference_mode():
+        for t in turns:
+            ids = torch.tensor([t.prompt_token_ids + t.output_token_ids])
+            lp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0, -len(t.output_token_ids):]
+            out.append(dataclasses.replace(t, behaviour_logprobs=lp.tolist()))
+    return out
+
+
 def make_turns(tokenizer, seed: int = 0) -> list[TrainTurn]:
     rng = random.Random(seed)
     words = ["order", "refund", "status", "please", "help", "account", "ship", "today", "thanks", "why"]
@@ -80,10 +99,11 @@ def main() -> None:
     base = ensure_smollm2(home)
     print(f"base: {base}; torch threads {torch.get_num_threads()}")
     tokenizer = AutoTokenizer.from_pretrained(base)
-    turns = make_turns(tokenizer)
+    turns = behaviour_logprobs(base, make_turns(tokenizer))
     cfg = TrainConfig(base_model=str(base), optimizer=OptimizerSettings(
         lr=1e-4, steps_per_iteration=STEPS, micro_batch_size=MICRO))
 
+    floor(base, cfg, turns[:MICRO * STEPS])  # warm-up: allocator, thread pools, first-touch pages
     floor_s, floor_tok = floor(base, cfg, turns)
     print(f"floor:   {floor_tok} tokens in {floor_s:.1f}s = {floor_tok / floor_s:.0f} tokens/s")
 

@@ -9,36 +9,107 @@ import sys
 
 from pipelines.config import TracerlConfig, load_config
 
-SERVICES = ("kafka",)
+SERVICES = ("kafka", "vllm", "gateway")  # start order; stop goes in reverse
+
+
+def _start_one(cfg: TracerlConfig, name: str) -> str:
+    if name == "kafka":
+        from pipelines.services.kafka import start_broker
+
+        if not cfg.kafka.embedded:
+            return f"external cluster {cfg.kafka.bootstrap_servers}; nothing to start"
+        s = start_broker(cfg)
+        return f"embedded Tansu on {s.bootstrap} (pid {s.pid}, log {s.log})"
+    if name == "vllm":
+        from pipelines.deploy.vllm_server import start_vllm
+        from pipelines.models.registry import resolve_base_model
+
+        base = resolve_base_model(cfg.train.base_model, cfg.home)
+        s = start_vllm(base, home=cfg.home, config=cfg.serve)
+        return f"{s.base_url} serving {s.base_model} as '{s.served_model_name}' (pid {s.pid}, log {s.log})"
+    from pipelines.deploy.service import start_gateway
+
+    s = start_gateway(cfg, config_path=os.environ.get("TRACERL_CONFIG"))
+    return f"{s.url} (pid {s.pid}); admin key in {cfg.home / 'gateway' / 'admin.key'} unless configured"
+
+
+def _stop_one(cfg: TracerlConfig, name: str) -> bool:
+    if name == "kafka":
+        from pipelines.services.kafka import stop_broker
+
+        return stop_broker(cfg)
+    if name == "vllm":
+        from pipelines.deploy.vllm_server import stop_vllm
+
+        return stop_vllm(cfg.home)
+    from pipelines.deploy.service import stop_gateway
+
+    return stop_gateway(cfg)
+
+
+def _status_one(cfg: TracerlConfig, name: str) -> str:
+    if name == "kafka":
+        from pipelines.services.kafka import read_state
+
+        if not cfg.kafka.embedded:
+            return f"external {cfg.kafka.bootstrap_servers}"
+        s = read_state(cfg)
+        return f"running on {s.bootstrap} (pid {s.pid})" if s else "stopped"
+    if name == "vllm":
+        from pipelines.deploy.vllm_server import read_state as read_vllm
+
+        s = read_vllm(cfg.home)
+        return f"running on {s.base_url} (pid {s.pid}, {s.base_model})" if s else "stopped"
+    from pipelines.deploy.service import read_gateway_state
+
+    s = read_gateway_state(cfg)
+    return f"running on {s.url} (pid {s.pid})" if s else "stopped"
 
 
 def cmd_start(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.services.kafka import start_broker
-
-    if not cfg.kafka.embedded:
-        print(f"kafka: external cluster {cfg.kafka.bootstrap_servers}; nothing to start")
-        return 0
-    state = start_broker(cfg)
-    print(f"kafka: embedded Tansu on {state.bootstrap} (pid {state.pid}, log {state.log})")
+    for name in [s for s in SERVICES if s in args.services]:
+        print(f"{name}: {_start_one(cfg, name)}", flush=True)
     return 0
 
 
 def cmd_stop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.services.kafka import stop_broker
-
-    print("kafka: stopped" if stop_broker(cfg) else "kafka: was not running")
+    for name in [s for s in reversed(SERVICES) if s in args.services]:
+        print(f"{name}: {'stopped' if _stop_one(cfg, name) else 'was not running'}")
     return 0
 
 
 def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.services.kafka import read_state
+    for name in SERVICES:
+        print(f"{name + ':':9} {_status_one(cfg, name)}")
+    print(f"{'lake:':9} {cfg.lake.resolve()}")
+    print(f"{'mlflow:':9} {cfg.tracking_uri}")
+    return 0
 
-    if not cfg.kafka.embedded:
-        print(f"kafka: external {cfg.kafka.bootstrap_servers}")
-    else:
-        state = read_state(cfg)
-        print(f"kafka: running on {state.bootstrap} (pid {state.pid})" if state else "kafka: stopped")
-    print(f"lake:  {cfg.lake.resolve()}")
+
+def cmd_serve(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    """vLLM + the gateway in the background (Kafka too, when embedded)."""
+    return cmd_start(cfg, argparse.Namespace(services=list(SERVICES)))
+
+
+def cmd_deploy(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy.service import deploy
+
+    print(json.dumps(deploy(cfg, args.tenant, args.task, args.version, args.who), indent=1, default=str))
+    return 0
+
+
+def cmd_rollback(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy.service import rollback
+
+    print(json.dumps(rollback(cfg, args.tenant, args.task, args.who), indent=1, default=str))
+    return 0
+
+
+def cmd_swaps(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy.service import swap_history
+
+    for s in swap_history(cfg, args.limit):
+        print(json.dumps(s, default=str))
     return 0
 
 
@@ -138,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="path to tracerl.toml (default: $TRACERL_CONFIG or ./tracerl.toml)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("start", help="start embedded services (the Kafka broker)")
+    s = sub.add_parser("start", help="start embedded services (Kafka broker, vLLM, gateway)")
     s.add_argument("services", nargs="*", default=list(SERVICES), metavar="SERVICE",
                    help=f"which: {', '.join(SERVICES)} (default: all)")
     s.set_defaults(fn=cmd_start)
@@ -146,7 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("services", nargs="*", default=list(SERVICES), metavar="SERVICE",
                    help=f"which: {', '.join(SERVICES)} (default: all)")
     s.set_defaults(fn=cmd_stop)
-    sub.add_parser("status", help="show embedded services and the lake location").set_defaults(fn=cmd_status)
+    sub.add_parser("status", help="show embedded services, the lake and MLflow").set_defaults(fn=cmd_status)
+    sub.add_parser("serve", help="start vLLM (LoRA, runtime updates) and the gateway in front of it"
+                   ).set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("deploy", help="hot-swap an adapter version into the live gateway (admin)")
+    s.add_argument("tenant")
+    s.add_argument("task")
+    s.add_argument("version", type=int)
+    s.add_argument("--who", default=os.environ.get("USER", "cli"))
+    s.set_defaults(fn=cmd_deploy)
+    s = sub.add_parser("rollback", help="swap the previous adapter version back in (admin)")
+    s.add_argument("tenant")
+    s.add_argument("task")
+    s.add_argument("--who", default=os.environ.get("USER", "cli"))
+    s.set_defaults(fn=cmd_rollback)
+    s = sub.add_parser("swaps", help="every swap: who, when, from, to, outcome")
+    s.add_argument("--limit", type=int)
+    s.set_defaults(fn=cmd_swaps)
 
     s = sub.add_parser("produce-sample", help="produce realistic sample traces from simulated apps")
     s.add_argument("--traces", type=int, default=200, help="number of traces (default 200)")

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.deploy.gateway_config import GatewayConfig
 from pipelines.deploy.vllm_server import ServeConfig
+from pipelines.gate.config import GateConfig
 from pipelines.train.config import TrainConfig
 
 # kafka-python settings passed through unchanged when set (security and tuning).
@@ -117,6 +119,8 @@ class TracerlConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
     @property
     def lake(self) -> Path:

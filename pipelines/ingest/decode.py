@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 from pipelines.contract.validate import ValidationError, decode_message, parse_time
-from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
+from pipelines.ingest.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
 
 # Columns carried beside the stored schema until landing: hive partition keys
 # and the record's position in the batch (to apply the main process's filters).
@@ -39,6 +39,48 @@ class Chunk:
     values: list
 
 
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+
+
+def _f64(v):
+    """A contract number as float64 (pyarrow refuses ints >= 2**63; beyond float range: NULL, as TRY_CAST)."""
+    if v is None or type(v) is float:
+        return v
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
+def hot_fields(e: dict) -> tuple:
+    """The hot columns of one *validated* event, in `tables.HOT_COLUMNS` order.
+
+    Only the fields its type defines (others stay NULL); types are already
+    checked by the validator, so this only copies, plus the int32/float64
+    range checks a valid JSON number can still fail. The one definition:
+    ingest, the reward tests' lake helper and the benchmark all call it.
+    ~1 us an event: plain lookups, and a call only for a number not already a float.
+    """
+    t = e["type"]
+    g = e.get
+    if t == "model_turn":
+        i, ms = e["turn_index"], g("latency_ms")
+        return (None, None, None, None, None, None, None, None, i if _I32_MIN <= i <= _I32_MAX else None,
+                ms if type(ms) is float else _f64(ms), g("output_text"))
+    if t == "feedback":
+        return (g("kind"), _f64(g("value")), _f64(g("scale_min")), _f64(g("scale_max")), g("sentiment"),
+                None, None, None, None, None, None)
+    if t == "tool_call":
+        a, ms = g("attempt"), g("latency_ms")
+        if a is not None and not _I32_MIN <= a <= _I32_MAX:
+            a = None
+        return (g("outcome"), None, None, None, None, None, g("call_id"), a, None,
+                ms if type(ms) is float else _f64(ms), None)
+    if t == "session_end":
+        return (g("outcome"), None, None, None, None, g("task_success"), None, None, None, None, None)
+    return (None,) * len(HOT_COLUMNS)
+
+
 def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int) -> tuple[pa.Table, pa.Table]:
     rows, bad = [], []
     topic, part, first = chunk.topic, chunk.partition, chunk.first_row
@@ -53,7 +95,7 @@ def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int) -> tupl
         t = parse_time(e["event_time"]).astimezone(timezone.utc)
         rows.append((e["event_id"], e["type"], e["schema_version"], e["app"], e.get("task"), e["trace_id"],
                      e.get("turn_id"), int(t.timestamp() * 1000), value, topic, part, chunk.offsets[i],
-                     now_ms, run_id, e["tenant"], t.date().isoformat(), first + i))
+                     now_ms, run_id, *hot_fields(e), e["tenant"], t.date().isoformat(), first + i))
     return _table(rows, EVENTS_WITH_ROUTING), _table(bad, QUARANTINE_WITH_ROUTING)
 
 

@@ -5,6 +5,13 @@
 JSON means a field added by a newer producer survives ingest untouched; the
 DuckDB views (`pipelines/lake/query.py`) give each event type typed columns.
 `tenant` and `date` are not stored in the files: they are hive partitions.
+
+A few *hot* fields are also stored as typed columns (`HOT_COLUMNS`, filled by
+`decode.hot_fields`), so the reward extraction and the views read columns
+instead of parsing every payload. They are copies: `payload` stays the source
+of truth. They came with lake format 2 (pre-release, no format-1 lake was
+deployed): a format-1 file beside format-2 files reads NULL in them, and a lake
+of format-1 files only does not bind; re-ingest it from Kafka.
 """
 
 from __future__ import annotations
@@ -12,6 +19,21 @@ from __future__ import annotations
 import pyarrow as pa
 
 TS = pa.timestamp("ms", tz="UTC")
+
+# Hot fields, NULL where the event type has no such field (`decode.hot_fields` fills them, in this order).
+HOT_COLUMNS = [
+    ("kind", pa.string()),          # feedback: kind; tool_call, session_end: outcome
+    ("value", pa.float64()),        # feedback
+    ("scale_min", pa.float64()),    # feedback
+    ("scale_max", pa.float64()),    # feedback
+    ("sentiment", pa.string()),     # feedback
+    ("task_success", pa.bool_()),   # session_end
+    ("call_id", pa.string()),       # tool_call
+    ("attempt", pa.int32()),        # tool_call, as sent (NULL if absent); out of int32 range -> NULL
+    ("turn_index", pa.int32()),     # model_turn; out of int32 range -> NULL
+    ("latency_ms", pa.float64()),   # model_turn, tool_call
+    ("output_text", pa.string()),   # model_turn
+]
 
 EVENTS_SCHEMA = pa.schema([
     ("event_id", pa.string()),
@@ -28,6 +50,7 @@ EVENTS_SCHEMA = pa.schema([
     ("kafka_offset", pa.int64()),
     ("ingested_at", TS),
     ("run_id", pa.string()),
+    *[pa.field(n, t) for n, t in HOT_COLUMNS],
 ])
 
 QUARANTINE_SCHEMA = pa.schema([

@@ -1,5 +1,8 @@
 """DuckDB over the lake: one view per event type, typed from the raw JSON payload.
 
+Fields ingest also stores as typed columns (`tables.HOT_COLUMNS`) are read from
+those columns, not parsed from the payload (lake format 2, see `tables.py`).
+
     from pipelines.lake.query import connect
     con = connect(".tracerl/lake")
     con.sql("SELECT task, count(*) FROM turns GROUP BY ALL").show()
@@ -21,47 +24,50 @@ from pipelines.lake.store import EVENTS, QUARANTINE
 
 _ENVELOPE = "event_id, tenant, date, app, task, trace_id, turn_id, event_time"
 
-# view -> (event type, [(column, JSON path, SQL type)]); JSON keeps nested values queryable.
+# view -> (event type, [(column, source, SQL type)]); the source is a JSON path ('$.x') or the name of
+# a stored hot column of the same type. JSON keeps nested values queryable.
 TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "turns": ("model_turn", [
-        ("turn_index", "$.turn_index", "INTEGER"),
+        ("turn_index", "turn_index", "INTEGER"),
         ("model", "$.model", "VARCHAR"),
         ("adapter_version", "$.adapter_version", "VARCHAR"),
         ("input_messages", "$.input_messages", "JSON"),
-        ("output_text", "$.output_text", "VARCHAR"),
+        ("output_text", "output_text", "VARCHAR"),
         ("output_token_ids", "$.output_token_ids", "INTEGER[]"),
         ("output_logprobs", "$.output_logprobs", "DOUBLE[]"),
         ("prompt_token_ids", "$.prompt_token_ids", "INTEGER[]"),
         ("sampling", "$.sampling", "JSON"),
         ("finish_reason", "$.finish_reason", "VARCHAR"),
-        ("latency_ms", "$.latency_ms", "DOUBLE"),
+        ("latency_ms", "latency_ms", "DOUBLE"),
     ]),
     "tool_calls": ("tool_call", [
-        ("call_id", "$.call_id", "VARCHAR"),
+        ("call_id", "call_id", "VARCHAR"),
         ("name", "$.name", "VARCHAR"),
         ("arguments", "$.arguments", "JSON"),
-        ("outcome", "$.outcome", "VARCHAR"),
+        ("outcome", "kind", "VARCHAR"),
         ("error", "$.error", "VARCHAR"),
-        ("attempt", "$.attempt", "INTEGER"),
-        ("latency_ms", "$.latency_ms", "DOUBLE"),
+        ("attempt", "attempt", "INTEGER"),
+        ("latency_ms", "latency_ms", "DOUBLE"),
     ]),
     "feedback": ("feedback", [
-        ("kind", "$.kind", "VARCHAR"),
-        ("value", "$.value", "DOUBLE"),
-        ("scale_min", "$.scale_min", "DOUBLE"),
-        ("scale_max", "$.scale_max", "DOUBLE"),
+        ("kind", "kind", "VARCHAR"),
+        ("value", "value", "DOUBLE"),
+        ("scale_min", "scale_min", "DOUBLE"),
+        ("scale_max", "scale_max", "DOUBLE"),
         ("text", "$.text", "VARCHAR"),
-        ("sentiment", "$.sentiment", "VARCHAR"),
+        ("sentiment", "sentiment", "VARCHAR"),
     ]),
     "session_ends": ("session_end", [
-        ("outcome", "$.outcome", "VARCHAR"),
-        ("task_success", "$.task_success", "BOOLEAN"),
+        ("outcome", "kind", "VARCHAR"),
+        ("task_success", "task_success", "BOOLEAN"),
         ("turns", "$.turns", "INTEGER"),
     ]),
 }
 
 
 def _extract(path: str, sql_type: str) -> str:
+    if not path.startswith("$"):
+        return path  # a stored hot column, already of this type
     if sql_type == "VARCHAR":
         return f"json_extract_string(payload, '{path}')"
     if sql_type == "JSON":

@@ -33,26 +33,10 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.durable import fsync_dir, write_json_atomic
+
 EVENTS = "events"
 QUARANTINE = "quarantine"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 # Columns worth dictionary-encoding: few distinct values. Hashing unique ids and

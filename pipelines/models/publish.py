@@ -17,6 +17,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from pipelines.durable import fsync_tree
+
 READY = "READY"
 
 
@@ -32,18 +34,6 @@ def is_ready(folder: Path, params: dict[str, Any]) -> bool:
     """True when ``folder`` is a finished build made with exactly ``params``."""
     marker = read_marker(folder)
     return marker is not None and marker.get("params") == params
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def publish(out_dir: Path, params: dict[str, Any], build: Callable[[Path], dict[str, Any] | None]) -> Path:
@@ -68,7 +58,7 @@ def publish(out_dir: Path, params: dict[str, Any], build: Callable[[Path], dict[
         facts = build(tmp) or {}
         marker = {"params": params, **facts}
         (tmp / READY).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         old = None
         if out_dir.exists():  # a finished build with other params: move it aside first
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"

@@ -27,38 +27,49 @@ TYPES = ("model_turn", "tool_call", "feedback", "session_end")
 def _num(v: Any) -> float | None:
     if v is None or isinstance(v, bool):
         return None
-    if isinstance(v, (int, float)):
-        return float(v)
     try:
         return float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    """An INTEGER (int32) field: anything else, or out of range, counts as not sent."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and -2**31 <= v < 2**31 else None
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
 
 
 def signal(row: dict[str, Any], tenant: str) -> dict[str, Any]:
-    """One event row of the lake -> one signal (the same columns the SQL extraction yields)."""
+    """One event row of the lake -> one signal (the same columns the SQL extraction yields).
+
+    Parses the raw `payload` itself rather than reading the hot columns the SQL
+    side reads, so the comparison also checks what ingest stored there. A field
+    counts only for the event types the contract gives it to.
+    """
     p = json.loads(row["payload"])
     t = row["type"]
-    text = p.get("output_text") if t == "model_turn" else None
-    sent = p.get("sentiment")
-    call_id = p.get("call_id")
+    turn, tool, fb, end = t == "model_turn", t == "tool_call", t == "feedback", t == "session_end"
+    text = _str(p.get("output_text")) if turn else None
+    success = p.get("task_success") if end else None
     return {
         "event_id": row["event_id"], "type": t, "tenant": tenant, "app": row["app"], "task": row["task"],
         "trace_id": row["trace_id"], "turn_id": row["turn_id"],
         "event_time": row["event_time"], "ingested_at": row["ingested_at"],
-        "kind": p.get("kind") if t == "feedback" else p.get("outcome"),
-        "value": _num(p.get("value")), "scale_min": _num(p.get("scale_min")), "scale_max": _num(p.get("scale_max")),
-        "sentiment": sent if isinstance(sent, str) else None,
-        "success": p.get("task_success") if isinstance(p.get("task_success"), bool) else None,
-        "call_id": call_id if isinstance(call_id, str) else None,
-        "attempt": (_int(p.get("attempt")) or 1) if t == "tool_call" else None,
-        "turn_index": _int(p.get("turn_index")), "latency_ms": _num(p.get("latency_ms")),
-        "out_chars": len(text) if isinstance(text, str) else (0 if t == "model_turn" else None),
-        "text_class": rules.text_class(text if isinstance(text, str) else None) if t == "model_turn" else None,
+        "kind": _str(p.get("kind")) if fb else _str(p.get("outcome")) if tool or end else None,
+        "value": _num(p.get("value")) if fb else None,
+        "scale_min": _num(p.get("scale_min")) if fb else None,
+        "scale_max": _num(p.get("scale_max")) if fb else None,
+        "sentiment": _str(p.get("sentiment")) if fb else None,
+        "success": success if isinstance(success, bool) else None,
+        "call_id": _str(p.get("call_id")) if tool else None,
+        "attempt": (_int(p.get("attempt")) or 1) if tool else None,
+        "turn_index": _int(p.get("turn_index")) if turn else None,
+        "latency_ms": _num(p.get("latency_ms")) if turn or tool else None,
+        "out_chars": len(text) if text is not None else (0 if turn else None),
+        "text_class": rules.text_class(text) if turn else None,
     }
 
 

@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipelines.durable import fsync_tree
+
 READY = "READY"
 META = "tracerl.json"
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -35,19 +37,6 @@ def check_id(value: str, what: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise ValueError(f"{what}={value!r} is not a safe id; use 1-128 of [A-Za-z0-9_.-], starting with a letter or digit")
     return value
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file under ``root`` and the folder itself."""
-    for path in sorted(Path(root).rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_folder_atomically(dest: Path, fill: Callable[[Path], None]) -> Path:

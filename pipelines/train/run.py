@@ -42,6 +42,7 @@ class LearnerResult:
     adapter_version: int | None = None
     parent_version: int | None = None
     registry_version: str | None = None
+    excluded_eval_turns: int = 0     # prompts matching a private eval item: never trained on
     mlflow_run_id: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -50,7 +51,8 @@ def _ledger_source(lake_root: Path) -> str:
     folder = Path(lake_root).resolve() / TRAINED_TURNS
     if any(folder.rglob("*.parquet")):
         return f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, hive_types = {{'tenant': VARCHAR}})"
-    return "(SELECT NULL::VARCHAR AS tenant, NULL::VARCHAR AS task, NULL::VARCHAR AS turn_id WHERE false)"
+    return ("(SELECT NULL::VARCHAR AS tenant, NULL::VARCHAR AS task, NULL::VARCHAR AS turn_id, "
+            "NULL::BIGINT AS adapter_version WHERE false)")
 
 
 def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -> list[TrainTurn]:
@@ -64,7 +66,7 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r USING (turn_id)
         WHERE r.settled AND r.labelled AND t.tenant = ? AND t.task = ?
-          AND t.turn_id NOT IN (SELECT turn_id FROM {_ledger_source(cfg.lake)} WHERE tenant = ? AND task = ?)
+          AND t.turn_id NOT IN (SELECT l.turn_id FROM {_ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time LIMIT ?""", [tenant, task, tenant, task, limit]).fetchall()
     return [TrainTurn(turn_id=r[0], task=r[1], prompt_token_ids=r[2], input_messages=json.loads(r[3]),
@@ -96,9 +98,17 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     from pipelines.models.registry import base_model_hash, resolve_base_model
     from pipelines.train.step import train_step
 
+    from pipelines.gate.config import gate_config
+    from pipelines.gate.contamination import eval_hashes, exclude_eval_turns
+
     lc = cfg.learner
     turns = new_training_turns(cfg, tenant, task, limit=lc.max_turns)
-    result = LearnerResult(tenant, task, "skipped", new_turns=len(turns))
+    # Private evals are never trained on: drop turns whose prompt matches an eval item, and
+    # ledger them (version 0) so they are not "new" again on the next run.
+    turns, excluded = exclude_eval_turns(turns, eval_hashes(gate_config(cfg).suites_dir, tenant, task))
+    if excluded:
+        _record_ledger(cfg, tenant, task, [t.turn_id for t in excluded], 0)
+    result = LearnerResult(tenant, task, "skipped", new_turns=len(turns), excluded_eval_turns=len(excluded))
     if len(turns) < lc.min_new_turns:
         result.reason = f"{len(turns)} new settled turns < learner.min_new_turns={lc.min_new_turns}"
         return result
@@ -111,7 +121,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, parent.path if parent else None, turns, cfg.train, Path(tmp) / "adapter",
                           seed=cfg.train.seed, current_version=parent_n or 0)
-        window = {"turns": len(turns), "trained_turns": len(step.turn_ids),
+        window = {"turns": len(turns), "trained_turns": len(step.turn_ids), "excluded_eval_turns": len(excluded),
+                  "turn_ids": [t.turn_id for t in turns],
                   "first_turn": turns[0].turn_id, "last_turn": turns[-1].turn_id}
         tags = {"tenant": tenant, "task": task, "parent_version": parent_n or "base",
                 "base_model": cfg.train.base_model, "reward_spec_version": ",".join(spec_versions)}

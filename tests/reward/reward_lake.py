@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipelines.contract.events import Event, Feedback, Message, ModelTurn, SessionEnd, ToolCall
 from pipelines.contract.validate import parse_time
+from pipelines.ingest.decode import hot_fields
 from pipelines.ingest.tables import EVENTS_SCHEMA, Columns
 from pipelines.lake.store import EVENTS, Lake
 
@@ -40,7 +41,7 @@ def land(root: Path, events: list[Event], ingested_at: datetime | None = None) -
         c = groups[(d["tenant"], t.date().isoformat())]
         for name, v in zip(EVENTS_SCHEMA.names, (
                 d["event_id"], d["type"], d["schema_version"], d["app"], d.get("task"), d["trace_id"],
-                d.get("turn_id"), ms(t), json.dumps(d), "test", 0, i, ing, run_id)):
+                d.get("turn_id"), ms(t), json.dumps(d), "test", 0, i, ing, run_id, *hot_fields(d))):
             c.cols[name].append(v)
     with lake.locked():
         txn = lake.begin(run_id)

@@ -1,0 +1,304 @@
+"""Run the gateway: in this process (``serve``), in a thread (tests, benches) or as a background
+process with a pid/port state file (``start_gateway`` / ``stop_gateway``, like the Kafka broker);
+CLI-facing admin calls (``deploy``, ``rollback``, ``swap_history``) and a small app SDK.
+
+State under ``<home>``: ``run/gateway.json`` (pid, port), ``logs/gateway.log``,
+``gateway/admin.key`` and ``gateway/secret`` (0600, generated once), ``deploy/routes.json``,
+``deploy/swaps.jsonl``, ``spill/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import TracerlConfig
+from pipelines.deploy.gateway import Gateway
+from pipelines.deploy.gateway_config import GatewayConfig
+
+
+class GatewayError(RuntimeError):
+    pass
+
+
+def gateway_config(cfg: TracerlConfig) -> GatewayConfig:
+    return getattr(cfg, "gateway", None) or GatewayConfig()
+
+
+def _secret_file(path: Path, nbytes: int = 32) -> str:
+    """Read ``path``, or create it with a random token readable by its owner only."""
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(nbytes))
+    return path.read_text().strip()
+
+
+def admin_key(cfg: TracerlConfig) -> str:
+    return gateway_config(cfg).admin_key or os.environ.get("TRACERL_GATEWAY_ADMIN_KEY") or \
+        _secret_file(Path(cfg.home) / "gateway" / "admin.key")
+
+
+def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitter_options: Any) -> Gateway:
+    """Wire router, deployer and emitter from the configuration; load the routed versions."""
+    from pipelines.deploy import admin
+    from pipelines.deploy.deployer import Deployer
+    from pipelines.deploy.emitter import Emitter, EmitterConfig
+    from pipelines.deploy.routing import Router
+    from pipelines.deploy.vllm_server import read_state
+    from pipelines.models.registry import base_model_hash
+    from pipelines.train.adapters import AdapterStore
+
+    gcfg = gcfg or gateway_config(cfg)
+    home = Path(cfg.home)
+    upstreams = list(gcfg.upstreams)
+    if not upstreams:
+        state = read_state(home)
+        if state is None:
+            raise GatewayError("no vLLM to serve: start it (tracerl start vllm) or set gateway.upstreams")
+        upstreams = [state.base_url]
+    roots = {m["root"] for url in upstreams for m in admin.list_models(url) if m.get("parent") is None}
+    if len(roots) != 1:
+        raise GatewayError(f"upstreams {upstreams} serve different base models {sorted(roots)}; use one base")
+    base_hash = base_model_hash(Path(roots.pop()))
+    router = Router(home / "deploy" / "routes.json")
+    deployer = Deployer(router, upstreams, AdapterStore(cfg.adapter_root), base_hash,
+                        home / "deploy" / "swaps.jsonl", gcfg.drain_timeout_s)
+    deployer.restore()
+    emitter = Emitter(cfg, home / "spill", EmitterConfig(queue_size=gcfg.queue_size,
+                                                          replay_interval_s=gcfg.replay_interval_s),
+                      **emitter_options)
+    secret = _secret_file(home / "gateway" / "secret").encode()
+    return Gateway(gcfg, router, deployer, emitter, secret, gcfg.admin_key or admin_key(cfg))
+
+
+class GatewayThread:
+    """The gateway on its own event loop in a thread of this process (tests and benches)."""
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0):
+        from aiohttp import web
+
+        self.gateway, self.host = gateway, host
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(gateway.app(), access_log=None)
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, host, port, backlog=1024)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name="tracerl-gateway", daemon=True)
+        self.thread.start()
+        if not ready.wait(30):
+            raise GatewayError("gateway thread did not start within 30 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.gateway.emitter.close()
+
+
+def serve(cfg: TracerlConfig) -> None:
+    """Run the gateway in the foreground until SIGTERM/SIGINT (what ``start_gateway`` spawns)."""
+    from aiohttp import web
+
+    gcfg = gateway_config(cfg)
+    gateway = build_gateway(cfg, gcfg)
+    print(f"tracerl gateway on http://{gcfg.host}:{gcfg.port} -> {gateway.deployer.upstreams}", flush=True)
+    try:
+        web.run_app(gateway.app(), host=gcfg.host, port=gcfg.port or 0, access_log=None, print=None)
+    finally:
+        gateway.emitter.close()
+
+
+# -- background process with a state file -------------------------------------------------------
+
+@dataclass
+class GatewayState:
+    pid: int
+    port: int
+    host: str
+    log: str
+    started_at: float
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _state_path(cfg: TracerlConfig) -> Path:
+    return Path(cfg.home) / "run" / "gateway.json"
+
+
+def read_gateway_state(cfg: TracerlConfig) -> GatewayState | None:
+    path = _state_path(cfg)
+    if not path.is_file():
+        return None
+    state = GatewayState(**json.loads(path.read_text()))
+    try:
+        os.kill(state.pid, 0)
+    except ProcessLookupError:
+        return None
+    return state
+
+
+def start_gateway(cfg: TracerlConfig, config_path: str | None = None, timeout: float = 60.0) -> GatewayState:
+    """Spawn ``python -m pipelines.deploy.service`` (reads the same config), wait for /health."""
+    import socket
+
+    state = read_gateway_state(cfg)
+    if state is not None:
+        return state
+    gcfg = gateway_config(cfg)
+    port = gcfg.port
+    if not port:
+        with socket.socket() as s:
+            s.bind((gcfg.host, 0))
+            port = s.getsockname()[1]
+    log = Path(cfg.home) / "logs" / "gateway.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TRACERL_HOME=str(Path(cfg.home).resolve()), TRACERL_GATEWAY_PORT=str(port))
+    if config_path:
+        env["TRACERL_CONFIG"] = str(config_path)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines.deploy.service"], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+    state = GatewayState(proc.pid, port, gcfg.host, str(log), time.time())
+    _state_path(cfg).parent.mkdir(parents=True, exist_ok=True)
+    _state_path(cfg).write_text(json.dumps(asdict(state)))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _state_path(cfg).unlink(missing_ok=True)
+            raise GatewayError(f"gateway exited with code {proc.returncode}; see {log}")
+        try:
+            urllib.request.urlopen(f"{state.url}/health", timeout=2).read()
+            return state
+        except OSError:
+            time.sleep(0.3)
+    stop_gateway(cfg)
+    raise GatewayError(f"gateway not healthy within {timeout:.0f}s; see {log}")
+
+
+def stop_gateway(cfg: TracerlConfig, timeout: float = 15.0) -> bool:
+    state = read_gateway_state(cfg)
+    _state_path(cfg).unlink(missing_ok=True)
+    if state is None:
+        return False
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(state.pid, 0)
+            if Path(f"/proc/{state.pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                break
+        except (ProcessLookupError, OSError):
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(state.pid, signal.SIGKILL)
+    return True
+
+
+# -- admin calls for the CLI, and the app SDK ----------------------------------------------------
+
+def _call(url: str, key: str, body: dict | None = None, method: str = "POST", timeout: float = 300.0) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {key}", **({"Content-Type": "application/json"} if data else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        text = e.read().decode(errors="replace")
+        try:
+            text = json.loads(text)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise GatewayError(f"HTTP {e.code}: {text}") from None
+
+
+def _gateway_url(cfg: TracerlConfig) -> str:
+    state = read_gateway_state(cfg)
+    if state is None:
+        raise GatewayError("the gateway is not running: start it with `tracerl start gateway`")
+    return state.url
+
+
+def deploy(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str) -> dict[str, Any]:
+    """Promote ``version`` through the running gateway; the swap record, or GatewayError."""
+    return _call(f"{_gateway_url(cfg)}/admin/deploy", admin_key(cfg),
+                 {"tenant": tenant, "task": task, "version": int(version), "who": who})
+
+
+def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str) -> dict[str, Any]:
+    return _call(f"{_gateway_url(cfg)}/admin/rollback", admin_key(cfg), {"tenant": tenant, "task": task, "who": who})
+
+
+def swap_history(cfg: TracerlConfig, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every swap (who, when, from, to, ok) from ``<home>/deploy/swaps.jsonl``; no gateway needed."""
+    from pipelines.deploy.deployer import read_swaps
+
+    return read_swaps(Path(cfg.home) / "deploy" / "swaps.jsonl", limit)
+
+
+class GatewayClient:
+    """The app SDK: chat through the gateway, then report feedback and tool outcomes."""
+
+    def __init__(self, url: str, api_key: str, timeout: float = 300.0):
+        self.url, self.key, self.timeout = url.rstrip("/"), api_key, timeout
+
+    def chat(self, model: str, messages: list[dict], **params: Any) -> dict[str, Any]:
+        return _call(f"{self.url}/v1/chat/completions", self.key, {"model": model, "messages": messages, **params},
+                     timeout=self.timeout)
+
+    def feedback(self, trace_id: str, turn_id: str, kind: str, value: float | None = None, **fields: Any) -> dict:
+        return _call(f"{self.url}/v1/feedback", self.key, {"type": "feedback", "trace_id": trace_id,
+                                                           "turn_id": turn_id, "kind": kind, "value": value, **fields})
+
+    def tool_call(self, trace_id: str, turn_id: str, name: str, outcome: str, **fields: Any) -> dict:
+        return _call(f"{self.url}/v1/feedback", self.key, {"type": "tool_call", "trace_id": trace_id,
+                                                           "turn_id": turn_id, "name": name, "outcome": outcome,
+                                                           **fields})
+
+    def end(self, trace_id: str, outcome: str = "completed", **fields: Any) -> dict:
+        return _call(f"{self.url}/v1/feedback", self.key, {"type": "session_end", "trace_id": trace_id,
+                                                           "outcome": outcome, **fields})
+
+
+if __name__ == "__main__":
+    from pipelines.config import load_config
+
+    _cfg = load_config()
+    if os.environ.get("TRACERL_GATEWAY_PORT"):
+        _g = gateway_config(_cfg)
+        if hasattr(_cfg, "gateway"):
+            _cfg.gateway.port = int(os.environ["TRACERL_GATEWAY_PORT"])
+        else:
+            _g.port = int(os.environ["TRACERL_GATEWAY_PORT"])
+            _cfg.gateway = _g  # type: ignore[attr-defined]
+    serve(_cfg)

@@ -1,0 +1,207 @@
+"""One gate pass for one candidate model version: evaluate, decide, record, move aliases.
+
+    suites (files) -> contamination check (training turns of the candidate's lineage)
+      -> candidate and champion (or the base model) loaded side by side in vLLM
+      -> same items, same sampling, same seeds -> per-item scores
+      -> paired test per suite -> decision with reasons
+      -> MLflow run (aggregates, hashed item ids, plot) + version tags + aliases
+
+Nothing in clear text leaves: MLflow gets means, bounds, p-values, counts, item hashes and
+suite fingerprints; never prompts, references or replies.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from pipelines.config import TracerlConfig
+from pipelines.gate import promote as reg
+from pipelines.gate.config import GateConfig, gate_config
+from pipelines.gate.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
+from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite
+from pipelines.gate.decide import decide as decide_
+from pipelines.gate.evaluate import Backend, VllmBackend, evaluate_suite
+from pipelines.gate.scorers import judge_from
+from pipelines.gate.stats import compare
+from pipelines.gate.suites import load_suites
+from pipelines.registry import CHAMPION, model_name
+
+
+@dataclass
+class GateResult:
+    tenant: str
+    task: str
+    registry_version: str
+    baseline: str                     # champion registry version, or "base"
+    decision: Decision
+    run_id: str | None = None
+    seconds: float = 0.0
+    items: int = 0
+    promoted: dict[str, Any] | None = None
+    contamination: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.decision.passed
+
+
+def gate_name(tenant: str, task: str, adapter_version: int) -> str:
+    """Adapter name inside vLLM during the gate (never the deployer's ``tenant/task/vN``)."""
+    return f"gate.{tenant}.{task}.v{adapter_version}"
+
+
+def embedded_backend(cfg: TracerlConfig, gate: GateConfig) -> VllmBackend:
+    if gate.vllm_url:
+        return VllmBackend(gate.vllm_url, cfg.serve.served_model_name)
+    from pipelines.deploy.vllm_server import start_vllm
+    from pipelines.models.registry import resolve_base_model
+
+    state = start_vllm(resolve_base_model(cfg.train.base_model, cfg.home), home=cfg.home, config=cfg.serve)
+    return VllmBackend(state.base_url, cfg.serve.served_model_name)
+
+
+def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, *,
+             backend: Backend | None = None, gate: GateConfig | None = None,
+             training_prompts: Iterable[list[dict[str, Any]]] | None = None,
+             deploy: reg.Deploy | None = None) -> GateResult:
+    """Gate ``registry_version`` of ``tenant.task`` against its champion (or the base model).
+
+    ``training_prompts``: the input messages the candidate's lineage trained on; None reads
+    them from the lake's ``trained_turns`` ledger. ``deploy(tenant, task, adapter_version)``
+    is called before ``champion`` moves (promote only; not in review mode).
+    Raises ``ContaminationError`` (after tagging the version rejected) if eval items were trained on.
+    """
+    from pipelines.tracking import client
+    from pipelines.train.adapters import AdapterStore
+
+    t0 = time.monotonic()
+    gate = gate or gate_config(cfg)
+    c, name = client(cfg), model_name(tenant, task)
+    cand = c.get_model_version(name, str(registry_version))
+    cand_av = int(cand.tags["adapter_version"])
+    champ = reg.alias_version(cfg, tenant, task, CHAMPION)
+    if champ is not None and str(champ.version) == str(registry_version):
+        raise reg.RegistryError(f"{name} version {registry_version} is already the champion; nothing to gate")
+    baseline = str(champ.version) if champ is not None else "base"
+    result = GateResult(tenant, task, str(registry_version), baseline, Decision(REJECT, []))
+    suites = load_suites(gate.suites_dir, tenant, task)
+    store = AdapterStore(cfg.adapter_root)
+
+    # -- private evals are never trained on ------------------------------------------------
+    hashes = hashes_of(suites)
+    if training_prompts is None:
+        lineage = [av.version for av in store.lineage(tenant, task, cand_av)]
+        training_prompts = trained_prompts(cfg, tenant, task, lineage)
+    hits = find_contamination(training_prompts, hashes)
+    if hits:
+        result.contamination = hits
+        result.decision = Decision(REJECT, [f"contamination: {len(hits)} eval item(s) found in the training data "
+                                            f"of this version's lineage (hashes {', '.join(h[:12] for h in hits[:10])})"])
+        _record(cfg, gate, result, suites, {})
+        reg.mark_rejected(cfg, tenant, task, str(registry_version))
+        raise ContaminationError(f"{name} v{registry_version}: " + result.decision.reasons[0])
+
+    if not suites:
+        outcome = REJECT if gate.fail_on_missing_suites else (HOLD if gate.review else PROMOTE)
+        result.decision = Decision(outcome, [f"no eval suites under {gate.suites_dir}/{tenant}/{task}/ "
+                                             f"(gate.fail_on_missing_suites={gate.fail_on_missing_suites})"])
+        _record(cfg, gate, result, suites, {})
+    else:
+        # -- serve both side by side, evaluate on identical requests -------------------------
+        backend = backend or embedded_backend(cfg, gate)
+        cand_name = gate_name(tenant, task, cand_av)
+        champ_av = int(champ.tags["adapter_version"]) if champ is not None else None
+        champ_name = gate_name(tenant, task, champ_av) if champ_av is not None else cfg.serve.served_model_name
+        backend.prepare(cand_name, store.get(tenant, task, cand_av).path)
+        if champ_av is not None:
+            backend.prepare(champ_name, store.get(tenant, task, champ_av).path)
+        judge = judge_from(gate.judge_url, gate.judge_model, gate.judge_api_key_env)
+        scores: dict[str, tuple[list[float], list[float]]] = {}
+        verdicts = []
+        try:
+            for s in suites:
+                a = evaluate_suite(backend, cand_name, s, gate, judge)
+                b = evaluate_suite(backend, champ_name, s, gate, judge)
+                scores[s.name] = (a, b)
+                st = compare(a, b, gate.test, gate.confidence, gate.n_bootstrap, gate.seed)
+                verdicts.append(judge_suite(s.name, s.role, s.tolerance, st, gate))
+        finally:
+            backend.release(cand_name)
+            if champ_av is not None:
+                backend.release(champ_name)
+        kl = store.get(tenant, task, cand_av).meta.get("metrics", {}).get("kl")
+        result.decision = decide_(verdicts, gate, None if kl is None else float(kl))
+        result.items = sum(len(s.items) for s in suites)
+        _record(cfg, gate, result, suites, scores)
+
+    # -- move aliases -------------------------------------------------------------------------
+    if result.decision.outcome == PROMOTE:
+        result.promoted = reg.promote(cfg, tenant, task, str(registry_version), deploy)
+    elif result.decision.outcome == HOLD:
+        reg.mark_challenger(cfg, tenant, task, str(registry_version))
+    else:
+        reg.mark_rejected(cfg, tenant, task, str(registry_version))
+    result.seconds = round(time.monotonic() - t0, 2)
+    return result
+
+
+def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: list, scores: dict) -> None:
+    """One MLflow run + version tags: aggregates and item hashes only."""
+    import mlflow
+
+    from pipelines import tracking
+    from pipelines.gate.plots import log_history_plot
+
+    d = result.decision
+    tags = {"tenant": result.tenant, "task": result.task, "tracerl.stage": "gate",
+            "registry_version": result.registry_version, "baseline": result.baseline, "decision": d.outcome}
+    with tracking.run(cfg, f"gate {result.tenant}/{result.task} v{result.registry_version}", tags=tags,
+                      params={"gate": gate.to_dict()}) as run:
+        result.run_id = run.info.run_id
+        vtags: dict[str, Any] = {reg.DECISION: d.outcome, "tracerl.gate.reasons": " | ".join(d.reasons),
+                                 "tracerl.gate.run_id": run.info.run_id, "tracerl.gate.baseline": result.baseline}
+        if result.contamination:
+            vtags["tracerl.gate.contamination"] = ",".join(result.contamination)
+        by_name = {s.name: s for s in suites}
+        for v in d.verdicts:
+            st = v.stats
+            mlflow.log_metrics({f"{v.suite}.candidate": st.candidate_mean, f"{v.suite}.champion": st.champion_mean,
+                                f"{v.suite}.delta": st.delta, f"{v.suite}.low": st.low,
+                                f"{v.suite}.p_gain": st.p_gain, f"{v.suite}.p_loss": st.p_loss,
+                                f"{v.suite}.n": st.n, f"{v.suite}.passed": float(v.passed)})
+            vtags.update({f"eval.{v.suite}.candidate": f"{st.candidate_mean:.4f}",
+                          f"eval.{v.suite}.champion": f"{st.champion_mean:.4f}",
+                          f"eval.{v.suite}.delta": f"{st.delta:+.4f}", f"eval.{v.suite}.low": f"{st.low:+.4f}",
+                          f"eval.{v.suite}.p_gain": f"{st.p_gain:.4f}", f"eval.{v.suite}.n": st.n,
+                          f"eval.{v.suite}.role": v.role, f"eval.{v.suite}.passed": v.passed,
+                          f"eval.{v.suite}.items": by_name[v.suite].fingerprint[:16]})
+        mlflow.log_dict(d.to_dict(), "gate/decision.json")
+        mlflow.log_dict({name: {"fingerprint": by_name[name].fingerprint,
+                                "items": [{"hash": it.hash, "candidate": a, "champion": b}
+                                          for it, a, b in zip(by_name[name].items, sc[0], sc[1])]}
+                         for name, sc in scores.items()}, "gate/item_scores.json")
+        reg.set_tags(cfg, result.tenant, result.task, result.registry_version, vtags)
+        if d.verdicts:
+            log_history_plot(cfg, result.tenant, result.task)
+
+
+def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backend: Backend | None = None,
+                    deploy: reg.Deploy | None = None) -> list[dict[str, Any]]:
+    """Gate each ``{"tenant", "task", "registry_version"}`` (the learner asset's metadata); one
+    summary per candidate. A contaminated candidate is reported, not raised, so the others
+    are still gated; its summary has ``outcome = "contaminated"``."""
+    out = []
+    for c in candidates:
+        tenant, task, version = c["tenant"], c["task"], str(c["registry_version"])
+        try:
+            r = run_gate(cfg, tenant, task, version, backend=backend, deploy=deploy)
+        except ContaminationError as err:
+            out.append({"tenant": tenant, "task": task, "registry_version": version, "outcome": "contaminated",
+                        "passed": False, "reasons": [str(err)]})
+            continue
+        out.append({"tenant": tenant, "task": task, "registry_version": version, "baseline": r.baseline,
+                    "outcome": r.decision.outcome, "passed": r.passed, "reasons": r.decision.reasons,
+                    "items": r.items, "seconds": r.seconds, "mlflow_run_id": r.run_id})
+    return out

@@ -1,0 +1,146 @@
+"""The gate against a real MLflow server + registry (SQLite): pass, reject, guardrail regression,
+contamination, review hold then approval, rollback. vLLM is replaced by a scripted backend here
+(test_gate_vllm.py serves real adapters)."""
+
+import pytest
+
+from pipelines.gate import promote as reg
+from pipelines.gate.contamination import ContaminationError
+from pipelines.gate.run import run_gate
+from pipelines.registry import CHALLENGER, CHAMPION, adapter_for_alias, model_name
+from pipelines.tracking import client
+from tests.gate.gate_fixtures import FakeBackend, candidate, policy_for, question, setup
+
+
+def tags_of(cfg, tenant, task, version):
+    return client(cfg).get_model_version(model_name(tenant, task), version).tags
+
+
+def test_pass_promotes_and_logs_only_aggregates_and_hashes(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))  # base: quality 1
+    r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
+    assert r.decision.outcome == "promote" and r.baseline == "base", r.decision.reasons
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) == av
+    tags = tags_of(cfg, tenant, task, rv)
+    assert tags[reg.DECISION] == "promote" and tags[reg.STATUS] == reg.PROMOTED
+    assert float(tags["eval.answers.candidate"]) == 1.0 and float(tags["eval.answers.champion"]) == pytest.approx(1 / 3, abs=1e-3)
+    assert tags["eval.style.passed"] == "True" and tags["adapter_version"] == str(av)
+    # identical requests for both: same items, sampling and seeds
+    by_model = {}
+    for name, text, sampling, seed in backend.calls:
+        by_model.setdefault(name, set()).add((text, sampling, seed))
+    assert len(by_model) == 2 and len(set(map(frozenset, by_model.values()))) == 1
+    # private: no prompt or reference text in the version tags, run params/tags/metrics or artifacts
+    c = client(cfg)
+    run = c.get_run(r.run_id)
+    artifacts = {a.path for a in c.list_artifacts(r.run_id, "gate")}
+    assert artifacts >= {"gate/decision.json", "gate/item_scores.json", "gate/scores_by_version.png"}
+    texts = [str(tags), str(run.data.params), str(run.data.tags), str(run.data.metrics)]
+    local = c.download_artifacts(r.run_id, "gate", str(tmp_path / "dl"))
+    texts += [p.read_text() for p in (tmp_path / "dl" / "gate").glob("*.json")]
+    assert local
+    for blob in texts:
+        assert "Private question" not in blob and "secret-" not in blob and "Style prompt" not in blob
+
+
+def test_no_significant_gain_is_rejected_with_reasons(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv1, av1 = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av1: (2, True)}, tenant, task))
+    assert run_gate(cfg, tenant, task, rv1, backend=backend, gate=gate, training_prompts=[]).decision.outcome == "promote"
+    rv2, av2 = candidate(cfg, tenant, task, parent=av1)
+    backend.policies.update(policy_for({av2: (2, True)}, tenant, task))  # as good as the champion
+    r = run_gate(cfg, tenant, task, rv2, backend=backend, gate=gate, training_prompts=[])
+    assert r.decision.outcome == "reject" and r.baseline == rv1
+    assert any("no significant gain" in x for x in r.decision.reasons)
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) == av1
+    assert tags_of(cfg, tenant, task, rv2)[reg.STATUS] == reg.REJECTED
+    assert "primary suite 'answers'" in tags_of(cfg, tenant, task, rv2)["tracerl.gate.reasons"]
+
+
+def test_guardrail_regression_rejects_despite_a_primary_gain(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, False)}, tenant, task))  # right answers, no full stop
+    r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
+    assert r.decision.outcome == "reject"
+    assert [v.passed for v in r.decision.verdicts] == [True, False]
+    assert "guardrail suite 'style'" in r.decision.reasons[0] and "beyond tolerance" in r.decision.reasons[0]
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) is None
+
+
+def test_kl_budget_rejects_an_over_optimized_candidate(tmp_path, mlflow_server):
+    """REFERENCE.md: at lr 5e-4 the hidden preference is met and answers collapse (KL ~1.0)."""
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv, av = candidate(cfg, tenant, task, kl=1.0)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
+    r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
+    assert r.decision.outcome == "reject" and [v.passed for v in r.decision.verdicts] == [True, True]
+    assert r.decision.reasons == ["KL to base 1.0000 > gate.max_kl=0.5: drifted too far (over-optimization)"]
+
+
+def test_contamination_fails_loudly_and_tags_the_version(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
+    trained = [[{"role": "user", "content": "hello"}], [{"role": "user", "content": question(7).upper()}]]
+    with pytest.raises(ContaminationError, match="1 eval item"):
+        run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=trained)
+    tags = tags_of(cfg, tenant, task, rv)
+    assert tags[reg.DECISION] == "reject" and tags[reg.STATUS] == reg.REJECTED
+    assert "contamination" in tags["tracerl.gate.reasons"] and len(tags["tracerl.gate.contamination"]) == 64
+    assert backend.calls == [] and adapter_for_alias(cfg, tenant, task, CHAMPION) is None
+
+
+def test_review_holds_until_a_person_approves_then_deploys(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server, review=True)
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
+    r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
+    assert r.decision.outcome == "hold" and r.passed
+    assert adapter_for_alias(cfg, tenant, task, CHALLENGER) == av
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) is None
+    deployed = []
+    deploy = lambda *a: deployed.append(a)  # noqa: E731
+    assert reg.promote_approved(cfg, tenant, task, gate.approval_tag, deploy) == []  # nobody approved yet
+    client(cfg).set_model_version_tag(model_name(tenant, task), rv, gate.approval_tag, "true")  # the UI does this
+    done = reg.promote_approved(cfg, tenant, task, gate.approval_tag, deploy)
+    assert [d["champion"] for d in done] == [rv] and deployed == [(tenant, task, av)]
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) == av
+    assert adapter_for_alias(cfg, tenant, task, CHALLENGER) is None
+    assert reg.promote_approved(cfg, tenant, task, gate.approval_tag, deploy) == []  # once only
+
+
+def test_rollback_moves_champion_back_and_redeploys(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv1, av1 = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av1: (2, True)}, tenant, task))
+    deployed = []
+    deploy = lambda *a: deployed.append(a)  # noqa: E731
+    run_gate(cfg, tenant, task, rv1, backend=backend, gate=gate, training_prompts=[], deploy=deploy)
+    rv2, av2 = candidate(cfg, tenant, task, parent=av1)
+    backend.policies.update(policy_for({av2: (3, True)}, tenant, task))
+    r = run_gate(cfg, tenant, task, rv2, backend=backend, gate=gate, training_prompts=[], deploy=deploy)
+    assert r.decision.outcome == "promote" and r.baseline == rv1
+    assert deployed == [(tenant, task, av1), (tenant, task, av2)]
+    out = reg.rollback(cfg, tenant, task, deploy)
+    assert out["champion"] == rv1 and deployed[-1] == (tenant, task, av1)
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) == av1
+    assert tags_of(cfg, tenant, task, rv2)[reg.STATUS] == reg.ROLLED_BACK
+    with pytest.raises(reg.RegistryError, match="replaced nothing"):
+        reg.rollback(cfg, tenant, task, deploy)
+
+
+def test_a_failed_deploy_leaves_the_champion_alone(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
+
+    def broken(*a):
+        raise RuntimeError("vLLM refused the adapter")
+
+    with pytest.raises(RuntimeError, match="refused"):
+        run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[], deploy=broken)
+    assert adapter_for_alias(cfg, tenant, task, CHAMPION) is None
