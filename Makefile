@@ -7,7 +7,7 @@ STAMP := .venv/.installed
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: venv vllm-venv demo test dagster bench clean
+.PHONY: venv vllm-venv demo up down test dagster bench clean
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -34,8 +34,16 @@ $(VLLM_STAMP): Makefile
 	$(VLLM_PY) -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
-demo: venv
+# The closed loop on SmolLM2-135M-Instruct: traffic, ingest, rewards, train, gate, hot swap, 3 times.
+demo: venv $(VLLM_STAMP)
 	.venv/bin/tracerl demo
+
+# The long-running local stack (Kafka, MLflow, vLLM, gateway, Dagster); `make down` stops it.
+up: venv $(VLLM_STAMP)
+	.venv/bin/tracerl up
+
+down:
+	-.venv/bin/tracerl down
 
 test: venv $(VLLM_STAMP)
 	$(PY) -m pytest -q
@@ -48,5 +56,5 @@ bench: venv
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	-.venv/bin/tracerl stop
+	-.venv/bin/tracerl down
 	rm -rf .tracerl

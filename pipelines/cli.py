@@ -9,86 +9,80 @@ import sys
 
 from pipelines.config import TracerlConfig, load_config
 
-SERVICES = ("kafka", "vllm", "gateway")  # start order; stop goes in reverse
-
-
-def _start_one(cfg: TracerlConfig, name: str) -> str:
-    if name == "kafka":
-        from pipelines.services.kafka import start_broker
-
-        if not cfg.kafka.embedded:
-            return f"external cluster {cfg.kafka.bootstrap_servers}; nothing to start"
-        s = start_broker(cfg)
-        return f"embedded Tansu on {s.bootstrap} (pid {s.pid}, log {s.log})"
-    if name == "vllm":
-        from pipelines.deploy.vllm_server import start_vllm
-        from pipelines.models.registry import resolve_base_model
-
-        base = resolve_base_model(cfg.train.base_model, cfg.home)
-        s = start_vllm(base, home=cfg.home, config=cfg.serve)
-        return f"{s.base_url} serving {s.base_model} as '{s.served_model_name}' (pid {s.pid}, log {s.log})"
-    from pipelines.deploy.service import start_gateway
-
-    s = start_gateway(cfg, config_path=os.environ.get("TRACERL_CONFIG"))
-    return f"{s.url} (pid {s.pid}); admin key in {cfg.home / 'gateway' / 'admin.key'} unless configured"
-
-
-def _stop_one(cfg: TracerlConfig, name: str) -> bool:
-    if name == "kafka":
-        from pipelines.services.kafka import stop_broker
-
-        return stop_broker(cfg)
-    if name == "vllm":
-        from pipelines.deploy.vllm_server import stop_vllm
-
-        return stop_vllm(cfg.home)
-    from pipelines.deploy.service import stop_gateway
-
-    return stop_gateway(cfg)
-
-
-def _status_one(cfg: TracerlConfig, name: str) -> str:
-    if name == "kafka":
-        from pipelines.services.kafka import read_state
-
-        if not cfg.kafka.embedded:
-            return f"external {cfg.kafka.bootstrap_servers}"
-        s = read_state(cfg)
-        return f"running on {s.bootstrap} (pid {s.pid})" if s else "stopped"
-    if name == "vllm":
-        from pipelines.deploy.vllm_server import read_state as read_vllm
-
-        s = read_vllm(cfg.home)
-        return f"running on {s.base_url} (pid {s.pid}, {s.base_model})" if s else "stopped"
-    from pipelines.deploy.service import read_gateway_state
-
-    s = read_gateway_state(cfg)
-    return f"running on {s.url} (pid {s.pid})" if s else "stopped"
+from pipelines.services.stack import SERVE, SERVICES
 
 
 def cmd_start(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.services import stack
+
     for name in [s for s in SERVICES if s in args.services]:
-        print(f"{name}: {_start_one(cfg, name)}", flush=True)
+        print(f"{name + ':':9} {stack.start(cfg, name)}", flush=True)
     return 0
 
 
 def cmd_stop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.services import stack
+
     for name in [s for s in reversed(SERVICES) if s in args.services]:
-        print(f"{name}: {'stopped' if _stop_one(cfg, name) else 'was not running'}")
+        print(f"{name + ':':9} {'stopped' if stack.stop(cfg, name) else 'was not running'}")
     return 0
 
 
 def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.services import stack
+
     for name in SERVICES:
-        print(f"{name + ':':9} {_status_one(cfg, name)}")
+        print(f"{name + ':':9} {stack.status(cfg, name)}")
     print(f"{'lake:':9} {cfg.lake.resolve()}")
-    print(f"{'mlflow:':9} {cfg.tracking_uri}")
+    print(f"{'store:':9} {cfg.tracking_uri}")
     return 0
 
 
 def cmd_serve(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     """vLLM + the gateway in the background (Kafka too, when embedded)."""
-    return cmd_start(cfg, argparse.Namespace(services=list(SERVICES)))
+    return cmd_start(cfg, argparse.Namespace(services=list(SERVE)))
+
+
+def cmd_up(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    """The whole local stack; the simulated tenant gets a key and a serving champion."""
+    from pipelines.deploy.service import tenant_key
+    from pipelines.loop.bootstrap import ensure_serving
+
+    key = tenant_key(cfg, args.tenant)  # before the gateway starts: it reads the key files then
+    cmd_start(cfg, argparse.Namespace(services=list(SERVICES)))
+    version = ensure_serving(cfg, args.tenant, args.task)
+    print(f"{args.tenant}/{args.task}: champion v{version} serving through the gateway "
+          f"(API key in {cfg.home / 'gateway' / 'keys' / (args.tenant + '.key')}, {key[:6]}...)")
+    print("Traffic: `tracerl simulate`; stack: `tracerl status`; stop: `tracerl down`")
+    return 0
+
+
+def cmd_down(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    return cmd_stop(cfg, argparse.Namespace(services=list(SERVICES)))
+
+
+def cmd_simulate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy.service import read_gateway_state, tenant_key
+    from pipelines.sim.env import HiddenPreference
+    from pipelines.sim.traffic import TrafficConfig, simulate, summary
+
+    gw = read_gateway_state(cfg)
+    url = args.url or (gw.url if gw else None)
+    if url is None:
+        raise RuntimeError("no gateway: start the stack with `tracerl up`, or pass --url")
+    t = TrafficConfig(tenant=args.tenant, task=args.task, requests=args.requests, users=args.users,
+                      max_tokens=args.max_tokens, seed=args.seed)
+    rounds = 0
+    while True:
+        rounds += 1
+        stats = simulate(url, args.api_key or tenant_key(cfg, args.tenant), t,
+                         HiddenPreference(max_tokens=args.preference_tokens))
+        print(f"round {rounds}: {summary(stats)}", flush=True)
+        for e in stats.errors[:3]:
+            print(f"  error: {e}", file=sys.stderr)
+        if not args.forever:
+            return 1 if stats.failed == stats.requests else 0
+        t = TrafficConfig(**{**t.__dict__, "seed": t.seed + 1})
 
 
 def cmd_deploy(cfg: TracerlConfig, args: argparse.Namespace) -> int:
@@ -197,7 +191,13 @@ def cmd_schema(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from assets.demo import run_demo  # the demo drives Dagster, so it lives beside the assets
+    from pipelines.loop.demo import main
+
+    return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
+
+
+def cmd_demo_ingest(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from assets.demo import run_demo  # drives Dagster, so it lives beside the assets
 
     return run_demo(cfg, traces=args.traces)
 
@@ -209,7 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="path to tracerl.toml (default: $TRACERL_CONFIG or ./tracerl.toml)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("start", help="start embedded services (Kafka broker, vLLM, gateway)")
+    s = sub.add_parser("up", help="start the local stack: Kafka, MLflow, vLLM, gateway, Dagster; print the ports")
+    s.add_argument("--tenant", default="acme", help="tenant to serve at once (default acme)")
+    s.add_argument("--task", default="concise", help="its task (default concise, the simulator's)")
+    s.set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop every service tracerl started (and nothing else)").set_defaults(fn=cmd_down)
+    s = sub.add_parser("start", help="start embedded services one by one")
     s.add_argument("services", nargs="*", default=list(SERVICES), metavar="SERVICE",
                    help=f"which: {', '.join(SERVICES)} (default: all)")
     s.set_defaults(fn=cmd_start)
@@ -274,9 +279,30 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--write", action="store_true", help="rewrite the shipped schema file")
     s.set_defaults(fn=cmd_schema)
 
-    s = sub.add_parser("demo", help="broker + sample traffic + the Dagster ingest asset, then a summary")
-    s.add_argument("--traces", type=int, default=500)
+    s = sub.add_parser("simulate", help="simulated users chat through the gateway and give feedback "
+                                        "by a hidden preference")
+    s.add_argument("--tenant", default="acme")
+    s.add_argument("--task", default="concise")
+    s.add_argument("--requests", type=int, default=64, help="requests per round (default 64)")
+    s.add_argument("--users", type=int, default=8, help="concurrent users (default 8)")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--preference-tokens", type=int, default=40,
+                   help="users like a complete reply ending in '.' within this many tokens (default 40)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--forever", action="store_true", help="keep sending rounds until interrupted")
+    s.add_argument("--url", help="gateway URL (default: the one tracerl started)")
+    s.add_argument("--api-key", help="tenant API key (default: <home>/gateway/keys/<tenant>.key)")
+    s.set_defaults(fn=cmd_simulate)
+
+    s = sub.add_parser("demo", help="the closed loop on SmolLM2: traffic, ingest, rewards, train, gate, "
+                                    "hot swap, K times; then a report and plots")
+    s.add_argument("--iterations", type=int, default=3)
+    s.add_argument("--fresh", action="store_true", help="clear the loop's state first (lake, adapters, MLflow)")
+    s.add_argument("--keep", action="store_true", help="leave Kafka, vLLM and the gateway running")
     s.set_defaults(fn=cmd_demo)
+    s = sub.add_parser("demo-ingest", help="broker + sample traffic + the Dagster ingest asset, then a summary")
+    s.add_argument("--traces", type=int, default=500)
+    s.set_defaults(fn=cmd_demo_ingest)
     return p
 
 

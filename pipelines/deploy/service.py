@@ -10,6 +10,7 @@ State under ``<home>``: ``run/gateway.json`` (pid, port), ``logs/gateway.log``,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -52,6 +53,20 @@ def admin_key(cfg: TracerlConfig) -> str:
         _secret_file(Path(cfg.home) / "gateway" / "admin.key")
 
 
+def tenant_key(cfg: TracerlConfig, tenant: str) -> str:
+    """The tenant's API key: `gateway.api_keys[tenant]`, else `<home>/gateway/keys/<tenant>.key`
+    (created on first use; the gateway reads these files at start)."""
+    from pipelines.train.adapters import check_id
+
+    configured = gateway_config(cfg).api_keys.get(tenant)
+    return configured or _secret_file(Path(cfg.home) / "gateway" / "keys" / f"{check_id(tenant, 'tenant')}.key", 24)
+
+
+def _key_files(cfg: TracerlConfig) -> dict[str, str]:
+    folder = Path(cfg.home) / "gateway" / "keys"
+    return {p.stem: p.read_text().strip() for p in sorted(folder.glob("*.key"))} if folder.is_dir() else {}
+
+
 def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitter_options: Any) -> Gateway:
     """Wire router, deployer and emitter from the configuration; load the routed versions."""
     from pipelines.deploy import admin
@@ -63,6 +78,7 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
     from pipelines.train.adapters import AdapterStore
 
     gcfg = gcfg or gateway_config(cfg)
+    gcfg = dataclasses.replace(gcfg, api_keys={**_key_files(cfg), **gcfg.api_keys})  # configured keys win
     home = Path(cfg.home)
     upstreams = list(gcfg.upstreams)
     if not upstreams:

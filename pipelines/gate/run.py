@@ -203,5 +203,9 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
             continue
         out.append({"tenant": tenant, "task": task, "registry_version": version, "baseline": r.baseline,
                     "outcome": r.decision.outcome, "passed": r.passed, "reasons": r.decision.reasons,
-                    "items": r.items, "seconds": r.seconds, "mlflow_run_id": r.run_id})
+                    "items": r.items, "seconds": r.seconds, "mlflow_run_id": r.run_id,
+                    "suites": {v.suite: {"role": v.role, "candidate": v.stats.candidate_mean,
+                                         "champion": v.stats.champion_mean, "delta": v.stats.delta,
+                                         "low": v.stats.low, "passed": v.passed}
+                               for v in r.decision.verdicts}})
     return out

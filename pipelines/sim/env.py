@@ -32,7 +32,10 @@ class HiddenPreference:
     max_tokens: int = 10
 
     def liked(self, s: Sample) -> bool:
-        return s.finish_reason == "stop" and len(s.output_ids) <= self.max_tokens and s.text.strip().endswith(".")
+        return self.liked_reply(s.text, len(s.output_ids), s.finish_reason)
+
+    def liked_reply(self, text: str, tokens: int, finish_reason: str | None) -> bool:
+        return finish_reason == "stop" and tokens <= self.max_tokens and text.strip().endswith(".")
 
 
 def episode(messages: list[dict], s: Sample, liked: bool, *, tenant: str, app: str, task: str, model: str,

@@ -1,0 +1,1 @@
+"""The closed loop: traffic -> ingest -> rewards -> learner -> gate -> hot swap, and again."""

@@ -1,0 +1,50 @@
+"""Dagster's webserver and daemon (`dagster dev`) on the tracerl code location.
+
+`dagster dev` runs both: the webserver (UI, asset graph, runs) and the daemon that
+ticks the schedules and sensors, so the loop turns by itself. It is started in its own
+process group and stopped by signalling that group, which is what `set -m` gives a
+shell (without it, SIGTERM does not reach the children). `DAGSTER_HOME` is the repo's
+`dagster_home/` unless the environment names another.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pipelines.config import TracerlConfig
+from pipelines.services import process
+
+NAME = "dagster"
+DEFAULT_PORT = 3000
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dagster_home() -> Path:
+    return Path(os.environ.get("DAGSTER_HOME") or REPO / "dagster_home").resolve()
+
+
+def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 180.0) -> process.ProcessState:
+    state = process.read_state(cfg.run_dir, NAME)
+    if state:
+        return state
+    port = port or process.free_port(DEFAULT_PORT)
+    home = dagster_home()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "TRACERL_HOME": str(cfg.home.resolve())}
+    dagster = Path(sys.executable).parent / "dagster"
+    state = process.spawn(
+        NAME, [str(dagster), "dev", "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],
+        run_dir=cfg.run_dir, log=cfg.log_dir / "dagster.log", port=port, url=f"http://127.0.0.1:{port}",
+        env=env, cwd=REPO)
+    process.wait_http(state, "/server_info", timeout, cfg.run_dir)
+    return state
+
+
+def stop_dagster(cfg: TracerlConfig) -> bool:
+    return process.stop(cfg.run_dir, NAME, timeout=30.0)
+
+
+def read_state(cfg: TracerlConfig) -> process.ProcessState | None:
+    return process.read_state(cfg.run_dir, NAME)

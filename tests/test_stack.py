@@ -1,0 +1,84 @@
+"""The local stack's own services (MLflow UI, Dagster) and the process bookkeeping behind `up`/`down`."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+
+from pipelines.config import TracerlConfig
+from pipelines.services import process, stack
+
+
+def test_spawn_reuse_and_stop_only_ours(tmp_path):
+    run, port = tmp_path / "run", process.free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    state = process.spawn("web", argv, run_dir=run, log=tmp_path / "web.log", port=port,
+                          url=f"http://127.0.0.1:{port}")
+    process.wait_http(state, "/", 30, run)
+    assert process.read_state(run, "web").pid == state.pid
+    # a stranger on another port is not ours: stop leaves it alone
+    other = subprocess.Popen([sys.executable, "-m", "http.server", str(process.free_port()), "--bind", "127.0.0.1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert process.stop(run, "web") is True
+        assert process.read_state(run, "web") is None and not process.port_open(port)
+        assert other.poll() is None
+        assert process.stop(run, "web") is False  # nothing left to stop
+    finally:
+        other.kill()
+
+
+def test_a_taken_port_moves_to_a_free_one():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert process.free_port(taken) != taken
+    assert process.free_port(taken) == taken  # free again
+
+
+def test_recycled_pid_is_not_trusted(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen(["sleep", "30"])
+    try:  # a state file naming a live PID that runs some other program
+        process.state_path(run, "mlflow").write_text(
+            f'{{"name": "mlflow", "pid": {proc.pid}, "port": 1, "program": "mlflow", "log": "x", "url": "x"}}')
+        assert process.read_state(run, "mlflow") is None
+        assert process.stop(run, "mlflow") is False and proc.poll() is None
+    finally:
+        proc.kill()
+
+
+def test_mlflow_and_dagster_up_status_down(tmp_path):
+    cfg = TracerlConfig(home=tmp_path / "home")
+    from pipelines.services import mlflow_server
+
+    m = mlflow_server.start_mlflow(cfg)
+    try:
+        assert stack.status(cfg, "mlflow") == f"running on {m.url} (pid {m.pid})"
+        with urllib.request.urlopen(f"{m.url}/health", timeout=10) as r:
+            assert r.status == 200
+        assert stack.start(cfg, "mlflow").startswith(m.url)  # a second start reuses it
+        assert mlflow_server.read_state(cfg).pid == m.pid
+        # the UI serves the same store the pipelines write
+        from pipelines.tracking import client, experiment_id
+
+        experiment_id(cfg, "from-the-library")
+        with urllib.request.urlopen(f"{m.url}/api/2.0/mlflow/experiments/get-by-name"
+                                    f"?experiment_name=from-the-library", timeout=10) as r:
+            assert b"from-the-library" in r.read()
+        assert client(cfg)
+
+        line = stack.start(cfg, "dagster")
+        d = process.read_state(cfg.run_dir, "dagster")
+        assert line.startswith(d.url)
+        with urllib.request.urlopen(f"{d.url}/server_info", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        assert stack.stop(cfg, "dagster") is True
+        assert stack.stop(cfg, "mlflow") is True
+    assert stack.status(cfg, "mlflow") == "stopped" and stack.status(cfg, "dagster") == "stopped"
+    assert not process.port_open(m.port)
