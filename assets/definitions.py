@@ -1,5 +1,8 @@
 """The Dagster code location: every tracerl asset, check, job, schedule, sensor and resource.
 
+Lineage: raw_events (the Kafka topic, observed) -> lake_events -> turn_rewards ->
+candidate_adapter -> promotion (the gate, with its checks) -> deployment.
+
 `DAGSTER_HOME=dagster_home dagster dev` (or `make dagster`) shows it.
 """
 
@@ -9,10 +12,10 @@ from assets import deploy, gate, ingest, reward, train
 from assets.resources import TracerlResource
 
 defs = dg.Definitions(
-    assets=[ingest.lake_events, *reward.reward_assets, *train.train_assets, *deploy.deploy_assets],
-    asset_checks=[*gate.gate_checks],
+    assets=[*ingest.ingest_assets, *reward.reward_assets, *train.train_assets, *gate.gate_assets,
+            *deploy.deploy_assets],
     jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs, *gate.gate_jobs],
-    schedules=[ingest.ingest_schedule, *reward.reward_schedules],
+    schedules=[ingest.ingest_schedule, *reward.reward_schedules, *train.train_schedules],
     sensors=[*train.train_sensors, *gate.gate_sensors],
     resources={"tracerl": TracerlResource()},
 )

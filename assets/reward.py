@@ -1,7 +1,7 @@
 """Reward asset: per-turn rewards from feedback and tool outcomes, incremental over the lake."""
 
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
@@ -17,6 +17,20 @@ class RewardRunConfig(dg.Config):
     max_unlabelled_share: float = CheckLimits.max_unlabelled_share
     drift_warn: float = CheckLimits.drift_warn
     drift_error: float = CheckLimits.drift_error
+
+
+def settled_means(settled) -> tuple[float | None, dict[str, dict]]:
+    """Mean total reward of this run's settled, labelled turns: overall and per tenant/task."""
+    if settled is None or settled.num_rows == 0:
+        return None, {}
+    rows = settled.group_by(["tenant", "task"]).aggregate([("total", "sum"), ("total", "count")]).to_pylist()
+    labelled = sum(row["total_count"] for row in rows)
+    by_target = {f"{row['tenant']}/{row['task']}": {
+        "mean_reward": round(row["total_sum"] / row["total_count"], 6) if row["total_count"] else None,
+        "labelled_turns": row["total_count"]} for row in sorted(rows, key=lambda x: (x["tenant"], x["task"]))}
+    if not labelled:
+        return None, by_target
+    return sum(row["total_sum"] or 0.0 for row in rows) / labelled, by_target
 
 
 @dg.asset(
@@ -36,6 +50,10 @@ class RewardRunConfig(dg.Config):
                           description="Each component's mean vs previous runs: a jump means reward hacking "
                                       "or a broken client."),
     ],
+    # Materialized by every reward run (on the ingest cadence, */5), new events or not, because
+    # settling needs only time to pass: three missed runs warn, six fail.
+    freshness_policy=dg.FreshnessPolicy.time_window(fail_window=timedelta(minutes=30),
+                                                    warn_window=timedelta(minutes=15)),
 )
 def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
                  tracerl: TracerlResource) -> dg.MaterializeResult:
@@ -51,6 +69,7 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
     limits = CheckLimits(max_unlabelled_share=config.max_unlabelled_share,
                          drift_warn=config.drift_warn, drift_error=config.drift_error)
     outcomes = evaluate(cfg.lake, r, book, limits)
+    mean, by_target = settled_means(r.tables.settled if r.tables else None)
     return dg.MaterializeResult(
         metadata={
             "run_id": r.run_id,
@@ -60,6 +79,8 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
             "new_signals": r.new_signals,
             "turns_settled": r.settled,
             "turns_settled_unlabelled": r.settled_unlabelled,
+            "mean_reward": dg.MetadataValue.float(mean) if mean is not None else dg.MetadataValue.null(),
+            "mean_reward_by_target": dg.MetadataValue.json(by_target),
             "turns_provisional": r.provisional,
             "pending_signals": r.pending_signals,
             "orphans_pending": r.orphans_pending,

@@ -30,10 +30,10 @@ def loop_settings(cfg: TracerlConfig) -> TracerlConfig:
     from pipelines.train.config import TrainConfig
 
     train = cfg.train.to_dict()
-    train["optimizer"] = {**train["optimizer"], "lr": 2e-4, "steps_per_iteration": 4, "micro_batch_size": 8}
+    train["optimizer"] = {**train["optimizer"], "lr": 5e-4, "steps_per_iteration": 4, "micro_batch_size": 8}
     cfg.train = TrainConfig.from_dict(train)
     cfg.learner.min_new_turns, cfg.learner.max_turns = 32, 256
-    cfg.gate = dataclasses.replace(cfg.gate, temperature=1.0, samples_per_item=2, max_tokens=64, concurrency=16)
+    cfg.gate = dataclasses.replace(cfg.gate, temperature=1.0, samples_per_item=2, max_tokens=48, concurrency=16)
     return cfg
 
 

@@ -27,9 +27,9 @@ SMS_LIMIT = 240  # characters the simulated app's SMS tool accepts
 class TrafficConfig:
     tenant: str = "acme"
     task: str = "concise"
-    requests: int = 128
+    requests: int = 96
     users: int = 16                # concurrent users (vLLM batches their requests)
-    max_tokens: int = 64
+    max_tokens: int = 48
     temperature: float = 1.0       # top_p 1, top_k off: the logged logprobs are the sampling distribution's
     split: str = "train"           # "heldout" prompts are the private eval's: never sent as traffic
     seed: int = 0
@@ -75,8 +75,8 @@ def simulate(url: str, api_key: str, t: TrafficConfig, pref: HiddenPreference | 
              progress: Callable[[int, int], None] | None = None) -> TrafficStats:
     pref = pref or HiddenPreference(max_tokens=40)
     pool = prompts(t.split)
-    rng = random.Random(t.seed)
-    jobs = [(rng.choice(pool), t.seed * 100_003 + i) for i in range(t.requests)]
+    random.Random(t.seed).shuffle(pool)  # distinct prompts first, like many different users
+    jobs = [(pool[i % len(pool)], t.seed * 100_003 + i) for i in range(t.requests)]
     client = GatewayClient(url, api_key)
     stats = TrafficStats(started_at=time.time())
     done = 0

@@ -2,9 +2,10 @@
 and a quarantine-rate check, and the TOML config reaches it through the resource."""
 
 import dagster as dg
+import pytest
 
 from assets.definitions import defs
-from assets.ingest import lake_events
+from assets.ingest import lake_events, raw_events
 from assets.resources import TracerlResource
 from pipelines.ingest.producer import TraceProducer
 from pipelines.ingest.sample import bad_messages, generate
@@ -16,6 +17,20 @@ def test_definitions_load_with_schedule_and_check():
     assert dg.AssetKey("lake_events") in {k for a in repo.assets_defs_by_key.values() for k in a.keys}
     spec_names = {c.name for c in lake_events.check_specs}
     assert "quarantine_rate" in spec_names
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("lake_events")).parent_keys == {dg.AssetKey("raw_events")}
+    topic = graph.get(dg.AssetKey("raw_events"))
+    assert topic.is_observable and not topic.is_materializable and topic.kinds == {"kafka"}
+    # every ingest run observes the topic first, then lands the batch
+    assert defs.resolve_job_def("ingest_job").asset_layer.executable_asset_keys == {
+        dg.AssetKey("raw_events"), dg.AssetKey("lake_events")}
+
+
+def _observe(resource):
+    job = dg.define_asset_job("observe_topic", selection=[raw_events])
+    result = dg.Definitions(assets=[raw_events], jobs=[job], resources={"tracerl": resource}) \
+        .resolve_job_def("observe_topic").execute_in_process(raise_on_error=False)
+    return result
 
 
 def _toml(cfg, tmp_path) -> str:
@@ -58,3 +73,49 @@ def test_quarantine_rate_check_fails_on_a_broken_client(cfg, tmp_path):
     meta, check = _materialize(_toml(cfg, tmp_path))
     assert meta["rows_quarantined"].value == 27
     assert not check.passed and check.metadata["quarantine_rate"].value > 0.05
+
+
+def test_topic_observation_reports_offsets_and_the_ingest_group_lag(cfg, tmp_path):
+    resource = TracerlResource(config_path=_toml(cfg, tmp_path))
+    with TraceProducer(cfg) as p:
+        for e in generate(20, seed=3):
+            p.send(e)
+
+    def observe():
+        result = _observe(resource)
+        assert result.success
+        (obs,) = result.asset_observations_for_node("raw_events")
+        return obs.tags["dagster/data_version"], obs.metadata
+
+    version, meta = observe()
+    assert meta["topic"].value == cfg.kafka.topic and meta["bootstrap_servers"].value == cfg.kafka.bootstrap_servers
+    assert int(version) == meta["end_offset_total"].value == sum(meta["end_offsets"].value.values()) > 0
+    assert meta["consumer_lag"].value > 0 and set(meta["committed_offsets"].value.values()) == {None}
+
+    _materialize(resource.config_path)  # ingest commits the group's offsets
+    again, meta = observe()
+    assert again == version  # nothing new on the topic
+    assert meta["consumer_lag"].value == 0 and None not in meta["committed_offsets"].value.values()
+
+    with TraceProducer(cfg) as p:
+        for e in generate(5, seed=4):
+            p.send(e)
+    newer, meta = observe()
+    assert int(newer) > int(version) and meta["consumer_lag"].value > 0
+
+
+def test_unreachable_broker_is_a_clear_failure(tmp_path, monkeypatch):
+    from pipelines.config import TracerlConfig
+
+    monkeypatch.setattr("assets.ingest.BOOTSTRAP_TIMEOUT_MS", 1000)
+    path = tmp_path / "tracerl.toml"
+    path.write_text(f'home = "{tmp_path}"\n[kafka]\nbootstrap_servers = "127.0.0.1:1"\n')
+    result = _observe(TracerlResource(config_path=str(path)))
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "127.0.0.1:1" in failure.step_failure_data.user_failure_data.description
+
+    from assets.ingest import topic_offsets
+
+    with pytest.raises(dg.Failure, match="embedded Kafka broker is not running"):
+        topic_offsets(TracerlConfig(home=tmp_path))  # embedded, never started

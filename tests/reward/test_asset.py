@@ -34,6 +34,7 @@ def test_definitions_load_with_the_reward_asset_downstream_of_ingest():
     assert dg.AssetKey("lake_events") in graph.get(dg.AssetKey("turn_rewards")).parent_keys
     assert {c.name for c in turn_rewards.check_specs} == {"unlabelled_share", "reward_bounds", "component_drift"}
     assert all(c.blocking == (c.name == "reward_bounds") for c in turn_rewards.check_specs)
+    assert graph.get(dg.AssetKey("turn_rewards")).freshness_policy is not None
 
 
 def test_healthy_runs_pass_and_a_broken_client_trips_the_drift_check(tmp_path):
@@ -42,6 +43,11 @@ def test_healthy_runs_pass_and_a_broken_client_trips_the_drift_check(tmp_path):
     meta, checks = materialize(tmp_path, START + timedelta(hours=3))
     assert meta["turns_settled"].value > 500 and meta["committed"].value
     assert all(c.passed for c in checks.values()), {k: c.metadata for k, c in checks.items()}
+    by_target = meta["mean_reward_by_target"].value  # the mean total reward of this run's settled turns
+    labelled = sum(t["labelled_turns"] for t in by_target.values())
+    assert labelled == meta["turns_settled"].value - meta["turns_settled_unlabelled"].value > 0
+    weighted = sum(t["mean_reward"] * t["labelled_turns"] for t in by_target.values()) / labelled
+    assert -1 <= meta["mean_reward"].value <= 1 and abs(meta["mean_reward"].value - weighted) < 1e-5
 
     land(lake, generate(300, seed=2, start=START + timedelta(hours=4)))   # more of the same: still healthy
     meta, checks = materialize(tmp_path, START + timedelta(hours=8))
@@ -67,6 +73,7 @@ def test_unlabelled_share_check_warns_when_feedback_stops(tmp_path):
     c = checks["unlabelled_share"]
     assert not c.passed and c.severity == dg.AssetCheckSeverity.WARN
     assert c.metadata["unlabelled_share"].value == 1.0 and meta["turns_settled_unlabelled"].value == 50
+    assert meta["mean_reward"].value is None  # no labelled turn, no mean
 
 
 def test_bounds_check_fails_on_an_out_of_scale_rating(tmp_path):

@@ -1,0 +1,98 @@
+"""The code location as a whole: lineage from the Kafka topic to the gateway, the checks on the
+way, freshness policies consistent with the schedules, and what starts runs."""
+
+from datetime import timedelta
+
+import dagster as dg
+import pytest
+
+from assets.definitions import defs
+
+CHAIN = ["raw_events", "lake_events", "turn_rewards", "candidate_adapter", "promotion", "deployment"]
+
+
+@pytest.fixture(scope="module")
+def repo():
+    return defs.get_repository_def()
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return defs.resolve_asset_graph()
+
+
+def test_definitions_validate():
+    dg.Definitions.validate_loadable(defs)
+
+
+def test_lineage_runs_from_the_topic_to_the_gateway(graph):
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(CHAIN)
+    for parent, child in zip(CHAIN, CHAIN[1:]):
+        assert graph.get(dg.AssetKey(child)).parent_keys == {dg.AssetKey(parent)}, child
+    topic = graph.get(dg.AssetKey("raw_events"))
+    assert topic.is_observable and not topic.is_materializable
+    groups = {k: graph.get(dg.AssetKey(k)).group_name for k in CHAIN}
+    assert groups == {"raw_events": "ingest", "lake_events": "ingest", "turn_rewards": "reward",
+                      "candidate_adapter": "train", "promotion": "gate", "deployment": "deploy"}
+    assert "kafka" in topic.kinds and "mlflow" in graph.get(dg.AssetKey("promotion")).kinds
+
+
+def test_checks(graph):
+    def key(asset, name):
+        return dg.AssetCheckKey(dg.AssetKey(asset), name)
+
+    assert set(graph.asset_check_keys) == {
+        key("lake_events", "quarantine_rate"),
+        key("turn_rewards", "unlabelled_share"), key("turn_rewards", "reward_bounds"),
+        key("turn_rewards", "component_drift"),
+        key("promotion", "no_contamination"), key("promotion", "candidate_promoted")}
+    blocking = {k for k in graph.asset_check_keys if graph.get_check_spec(k).blocking}
+    assert blocking == {key("turn_rewards", "reward_bounds"), key("promotion", "no_contamination")}
+
+
+EVERY = {"ingest_every_5_minutes": ("*/5 * * * *", timedelta(minutes=5)),
+         "rewards_every_5_minutes": ("2-59/5 * * * *", timedelta(minutes=5)),
+         "closed_loop_hourly": ("17 * * * *", timedelta(hours=1))}
+
+
+@pytest.mark.parametrize("asset, schedule", [("lake_events", "ingest_every_5_minutes"),
+                                             ("turn_rewards", "rewards_every_5_minutes"),
+                                             ("deployment", "closed_loop_hourly")])
+def test_freshness_windows_fit_the_schedules(graph, repo, asset, schedule):
+    policy = graph.get(dg.AssetKey(asset)).freshness_policy
+    assert isinstance(policy, dg.FreshnessPolicy)
+    fail, warn = policy.fail_window.to_timedelta(), policy.warn_window.to_timedelta()
+    cron, every = EVERY[schedule]
+    assert repo.get_schedule_def(schedule).cron_schedule == cron
+    assert every < warn < fail  # a single late run does not warn; a stopped schedule fails
+    assert fail <= 6 * every
+
+
+def test_no_freshness_where_quiet_periods_are_normal(graph):
+    for asset in ("candidate_adapter", "promotion"):  # materialize only when a candidate was trained
+        assert graph.get(dg.AssetKey(asset)).freshness_policy is None
+
+
+def test_schedules_sensors_and_jobs(repo):
+    assert {s.name for s in repo.schedule_defs} == {
+        "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly"}
+    assert {s.name: s.job_name for s in repo.sensor_defs} == {
+        "enough_new_turns": "closed_loop_job", "approved_challengers": "approval_job"}
+    assert repo.get_schedule_def("closed_loop_hourly").job_name == "closed_loop_job"
+    assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
+
+    layer = defs.resolve_job_def("closed_loop_job").asset_layer
+    assert layer.executable_asset_keys == {dg.AssetKey(k) for k in ("candidate_adapter", "promotion", "deployment")}
+    assert set(defs.resolve_job_def("closed_loop_job").asset_layer.asset_graph.asset_check_keys) >= {
+        dg.AssetCheckKey(dg.AssetKey("promotion"), "no_contamination"),
+        dg.AssetCheckKey(dg.AssetKey("promotion"), "candidate_promoted")}
+    assert defs.resolve_job_def("ingest_job").asset_layer.executable_asset_keys == {
+        dg.AssetKey("raw_events"), dg.AssetKey("lake_events")}
+    assert repo.has_job("reward_job") and repo.has_job("approval_job")
+
+
+def test_loop_assets_take_the_same_targets_config():
+    job = defs.resolve_job_def("closed_loop_job")
+    config = {"ops": {name: {"config": {"targets": ["acme/support"]}}
+                      for name in ("candidate_adapter", "promotion", "deployment")}}
+    assert dg.validate_run_config(job, config)
