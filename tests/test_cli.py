@@ -38,3 +38,19 @@ def test_sql_on_an_empty_lake(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRACERL_HOME", str(tmp_path))
     assert main(["--config", str(tmp_path / "none.toml"), "sql", "SELECT count(*) AS n FROM turns"]) == 0
     assert "n" in capsys.readouterr().out
+
+
+def test_simulate_without_a_gateway_says_how_to_start_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRACERL_HOME", str(tmp_path))
+    assert main(["--config", str(tmp_path / "none.toml"), "simulate", "--requests", "1"]) == 1
+    assert "no gateway: start the stack with `tracerl up`" in capsys.readouterr().err
+
+
+def test_status_lists_the_whole_stack(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRACERL_HOME", str(tmp_path))
+    assert main(["--config", str(tmp_path / "none.toml"), "status"]) == 0
+    out = capsys.readouterr().out
+    for name in ("kafka", "mlflow", "vllm", "gateway", "dagster"):
+        assert f"{name}:" in out
+    assert main(["--config", str(tmp_path / "none.toml"), "down"]) == 0  # nothing started: nothing stopped
+    assert capsys.readouterr().out.count("was not running") == 5

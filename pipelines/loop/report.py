@@ -64,7 +64,7 @@ def plot(reports: list[IterationReport], final_reward: float | None, out_dir: Pa
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(its, live, marker="o")
     ax.set(xlabel="iteration (traffic served by that iteration's champion)", ylabel="mean live reward",
-           title="Live reward per iteration")
+           title="Live reward per iteration", xticks=its)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     paths.append(out_dir / "live_reward.png")
@@ -78,7 +78,8 @@ def plot(reports: list[IterationReport], final_reward: float | None, out_dir: Pa
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="champion after the gate")
     if cand:
         ax.plot([p[0] for p in cand], [p[1] for p in cand], marker="x", linestyle="--", label="candidate")
-    ax.set(xlabel="iteration", ylabel="private eval score (primary suite)", title="Eval score per iteration")
+    ax.set(xlabel="iteration", ylabel="private eval score (primary suite)", title="Eval score per iteration",
+           xticks=[r.iteration for r in reports])
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -33,6 +33,9 @@ def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 
     home = dagster_home()
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(home), "TRACERL_HOME": str(cfg.home.resolve())}
+    if "TRACERL_REWARD_SPEC" not in env and not (REPO / "rewards.toml").exists():
+        # the simulated tenant's spec (settles at session end); other tenants get the defaults
+        env["TRACERL_REWARD_SPEC"] = str(REPO / "pipelines" / "sim" / "rewards.toml")
     dagster = Path(sys.executable).parent / "dagster"
     state = process.spawn(
         NAME, [str(dagster), "dev", "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],

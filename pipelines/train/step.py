@@ -8,7 +8,8 @@ Reads top to bottom like nanoGPT's loop. Phases, in order:
   4. ``steps_per_iteration`` optimizer steps, each over its slice of the batch, in micro-batches:
      policy forward -> token logprobs; reference logprobs from the SAME model with adapters
      disabled (no grad); loss from the pure functions in ``losses``; backward;
-     then clip, AdamW step, log;
+     then clip, AdamW step, log. Both forwards apply the LM head only at the positions whose
+     next token is an output token (:func:`output_logprobs`): the loss never reads the others;
   5. save the adapter (safetensors) to ``out_dir`` atomically.
 
 The base weights are frozen (peft) and fingerprinted before and after: a change raises.
@@ -73,6 +74,50 @@ def build_policy(base_model_path: Path, parent_adapter_dir: Path | None, cfg: Tr
     return model, tokenizer
 
 
+def _decoder_and_head(model):
+    """(decoder, lm_head) of a causal LM whose logits are exactly ``lm_head(decoder(...).last_hidden_state)``
+    (Llama, Qwen2, Mistral, SmolLM2, the tiny test model); None for any other layout, or for a model
+    that post-processes its logits (soft-capping, scaling), which then takes the full-logits path.
+    On a PeftModel both come from the wrapped model: the LoRA layers inside stay active, and
+    ``disable_adapter()`` still turns them off."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = getattr(base, "model", None), getattr(base, "lm_head", None)
+    if decoder is None or head is None or head is not base.get_output_embeddings():
+        return None
+    cfg = base.config
+    if any(getattr(cfg, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    return decoder, head
+
+
+def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_where_scored: bool = True):
+    """log π(input_ids[:, t] | input_ids[:, <t]) for t ≥ 1: ``[B, T-1]``, aligned with ``loss_mask[:, 1:]``,
+    in fp32, and 0 where ``loss_mask[:, 1:]`` is 0 (prompt, padding).
+
+    The LM head (vocab x hidden: 49152 x 576 on SmolLM2, ~20% of a forward) and the logsumexp run only
+    on the rows t−1 whose next token is an output token; the prompt rows' logits were computed and
+    thrown away before. Same numbers as ``token_logprobs(model(...).logits[:, :-1], input_ids[:, 1:])``
+    at the scored positions, up to float rounding (tests/train/test_step.py checks values and
+    gradients). ``head_only_where_scored=False`` (or a model :func:`_decoder_and_head` does not
+    recognise) takes that full-logits path.
+    """
+    import torch
+
+    from pipelines.train.losses import token_logprobs
+
+    targets, scored = input_ids[:, 1:], loss_mask[:, 1:] > 0
+    parts = _decoder_and_head(model) if head_only_where_scored else None
+    if parts is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        lp = token_logprobs(logits[:, :-1], targets)
+        return torch.where(scored, lp, torch.zeros((), dtype=lp.dtype))
+    decoder, head = parts
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    rows, cols = scored.nonzero(as_tuple=True)
+    picked = token_logprobs(head(hidden[rows, cols]), targets[rows, cols])  # [N]: N scored tokens
+    return picked.new_zeros(scored.shape).index_put((rows, cols), picked)
+
+
 def _base_fingerprint(model) -> list[float]:
     import torch
 
@@ -125,7 +170,7 @@ def train_step(
     """
     import torch
 
-    from pipelines.train.losses import compute_advantages, kto_loss, policy_gradient_loss, sequence_logprobs, token_logprobs
+    from pipelines.train.losses import compute_advantages, kto_loss, policy_gradient_loss, sequence_logprobs
 
     t_start = time.perf_counter()
     obj, opt_cfg = cfg.objective, cfg.optimizer
@@ -193,16 +238,13 @@ def train_step(
                 batch = collate([kept[i][0] for i in mb], pad_id)
                 weights = torch.tensor([kept[i][1] for i in mb], dtype=torch.float32)
                 sig = torch.tensor([signal[i] for i in mb], dtype=torch.float32)
-                targets, mask = batch.input_ids[:, 1:], batch.loss_mask[:, 1:]
+                mask = batch.loss_mask[:, 1:]
 
-                # policy forward: logits at t-1 score the token at t
-                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-                lp = token_logprobs(logits[:, :-1], targets)
+                # policy forward: logits at t-1 score the token at t (LM head on scored rows only)
+                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
                 # reference: same weights, adapters off, no graph
                 with torch.no_grad(), model.disable_adapter():
-                    ref_logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-                    ref_lp = token_logprobs(ref_logits[:, :-1], targets)
-                    del ref_logits
+                    ref_lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
 
                 if isinstance(obj, KTOObjective):
                     pol_seq, ref_seq = sequence_logprobs(lp, mask), sequence_logprobs(ref_lp, mask)
