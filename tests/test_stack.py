@@ -45,7 +45,7 @@ def test_recycled_pid_is_not_trusted(tmp_path):
     proc = subprocess.Popen(["sleep", "30"])
     try:  # a state file naming a live PID that runs some other program
         process.state_path(run, "mlflow").write_text(
-            f'{{"name": "mlflow", "pid": {proc.pid}, "port": 1, "program": "mlflow", "log": "x", "url": "x"}}')
+            f'{{"name": "mlflow", "pid": {proc.pid}, "port": 1, "argv": ["mlflow", "server"], "log": "x", "url": "x"}}')
         assert process.read_state(run, "mlflow") is None
         assert process.stop(run, "mlflow") is False and proc.poll() is None
     finally:

@@ -14,18 +14,16 @@ import dataclasses
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipelines.config import TracerlConfig
+from pipelines.services import process
+from pipelines.services.process import ProcessState
 from pipelines.deploy.gateway import Gateway
 from pipelines.deploy.gateway_config import GatewayConfig
 
@@ -150,94 +148,38 @@ def serve(cfg: TracerlConfig) -> None:
         gateway.emitter.close()
 
 
-# -- background process with a state file -------------------------------------------------------
+# -- the gateway as a background process (pipelines/services/process.py keeps its PID) -----------
 
-@dataclass
-class GatewayState:
-    pid: int
-    port: int
-    host: str
-    log: str
-    started_at: float
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+NAME = "gateway"
 
 
-def _state_path(cfg: TracerlConfig) -> Path:
-    return Path(cfg.home) / "run" / "gateway.json"
+def read_gateway_state(cfg: TracerlConfig) -> ProcessState | None:
+    return process.read_state(Path(cfg.home) / "run", NAME)
 
 
-def read_gateway_state(cfg: TracerlConfig) -> GatewayState | None:
-    path = _state_path(cfg)
-    if not path.is_file():
-        return None
-    state = GatewayState(**json.loads(path.read_text()))
-    try:
-        os.kill(state.pid, 0)
-    except ProcessLookupError:
-        return None
-    return state
-
-
-def start_gateway(cfg: TracerlConfig, config_path: str | None = None, timeout: float = 60.0) -> GatewayState:
+def start_gateway(cfg: TracerlConfig, config_path: str | None = None, timeout: float = 60.0) -> ProcessState:
     """Spawn ``python -m pipelines.deploy.service`` (reads the same config), wait for /health."""
-    import socket
-
     state = read_gateway_state(cfg)
     if state is not None:
         return state
     gcfg = gateway_config(cfg)
-    port = gcfg.port
-    if not port:
-        with socket.socket() as s:
-            s.bind((gcfg.host, 0))
-            port = s.getsockname()[1]
-    log = Path(cfg.home) / "logs" / "gateway.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+    port = gcfg.port or process.free_port()
     env = dict(os.environ, TRACERL_HOME=str(Path(cfg.home).resolve()), TRACERL_GATEWAY_PORT=str(port))
     if config_path:
         env["TRACERL_CONFIG"] = str(config_path)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.deploy.service"], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=Path(__file__).resolve().parents[2], start_new_session=True)
-    state = GatewayState(proc.pid, port, gcfg.host, str(log), time.time())
-    _state_path(cfg).parent.mkdir(parents=True, exist_ok=True)
-    _state_path(cfg).write_text(json.dumps(asdict(state)))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            _state_path(cfg).unlink(missing_ok=True)
-            raise GatewayError(f"gateway exited with code {proc.returncode}; see {log}")
-        try:
-            urllib.request.urlopen(f"{state.url}/health", timeout=2).read()
-            return state
-        except OSError:
-            time.sleep(0.3)
-    stop_gateway(cfg)
-    raise GatewayError(f"gateway not healthy within {timeout:.0f}s; see {log}")
+    run_dir = Path(cfg.home) / "run"
+    state = process.spawn(NAME, [sys.executable, "-m", "pipelines.deploy.service"], run_dir=run_dir,
+                          log=Path(cfg.home) / "logs" / "gateway.log", port=port, url=f"http://{gcfg.host}:{port}",
+                          env=env, cwd=Path(__file__).resolve().parents[2])
+    try:
+        process.wait_http(state, "/health", timeout, run_dir)
+    except process.ServiceError as err:
+        raise GatewayError(str(err)) from None
+    return state
 
 
 def stop_gateway(cfg: TracerlConfig, timeout: float = 15.0) -> bool:
-    state = read_gateway_state(cfg)
-    _state_path(cfg).unlink(missing_ok=True)
-    if state is None:
-        return False
-    os.kill(state.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(state.pid, 0)
-            if Path(f"/proc/{state.pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                break
-        except (ProcessLookupError, OSError):
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(state.pid, signal.SIGKILL)
-    return True
+    return process.stop(Path(cfg.home) / "run", NAME, timeout)
 
 
 # -- admin calls for the CLI, and the app SDK ----------------------------------------------------

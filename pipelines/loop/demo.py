@@ -15,7 +15,6 @@ import shutil
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 from pipelines.config import TracerlConfig
 from pipelines.loop.run import LoopConfig, run_iteration
@@ -103,7 +102,7 @@ def run_loop(cfg: TracerlConfig, lc: LoopConfig, *, fresh: bool = False, stop_af
         for i in range(1, lc.iterations + 1):
             print(f"[iteration {i}/{lc.iterations}] traffic -> ingest -> rewards -> train -> gate -> swap", flush=True)
             reports.append(run_iteration(cfg, lc, i, progress=bar, log=lambda s: print(s, flush=True)))
-        print(f"[final] traffic on the last champion", flush=True)
+        print("[final] traffic on the last champion", flush=True)
         t = TrafficConfig(**{**asdict(lc.traffic), "tenant": lc.tenant, "task": lc.task,
                              "seed": lc.traffic.seed + lc.iterations + 1})
         final = simulate(_gateway(cfg), tenant_key(cfg, lc.tenant), t,

@@ -44,7 +44,7 @@ def format_report(reports: list[IterationReport], final_reward: float | None, fi
     lines += ["", f"promotions {sum(r.outcome == 'promote' for r in reports)}, "
                   f"rejections {sum(r.outcome in ('reject', 'contaminated') for r in reports)}; "
                   f"failed requests during swaps: {fails} of {sum(r.swap_requests for r in reports)}",
-              f"freshness (first trace of an iteration -> an adapter trained on it serving): "
+              "freshness (first trace of an iteration -> an adapter trained on it serving): "
               + (f"mean {statistics.mean(fresh):.0f}s, max {max(fresh):.0f}s" if fresh else "no promotion")]
     return "\n".join(lines)
 

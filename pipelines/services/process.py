@@ -3,7 +3,7 @@
 A service's PID, port and log live in `<home>/run/<name>.json`. A second start finds the
 recorded process alive and reuses it; stop signals only that process group, so
 `tracerl down` never touches a server somebody else started on the same port. A PID is
-trusted only while `/proc/<pid>/cmdline` still names the program we started (PIDs recycle).
+trusted only while `/proc/<pid>/cmdline` still shows the command we started (PIDs recycle).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ProcessState:
     name: str
     pid: int
     port: int
-    program: str                 # argv[0] basename, checked against /proc to detect PID reuse
+    argv: list[str]              # checked against /proc/<pid>/cmdline to detect PID reuse
     log: str
     url: str
     started_at: float = field(default_factory=time.time)
@@ -49,12 +49,15 @@ def free_port(preferred: int | None = None) -> int:
         return s.getsockname()[1]
 
 
-def alive(pid: int, program: str) -> bool:
+def alive(pid: int, argv: list[str]) -> bool:
+    """True while `pid` runs `argv` (a script may show as `<interpreter> <script> ...`)."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cmd = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
     except OSError:
         return False
-    return any(os.path.basename(a.decode(errors="replace")) == program for a in argv[:2])
+    tail = argv[1:]
+    return (len(cmd) >= len(argv) and (not tail or cmd[-len(tail):] == tail)
+            and os.path.basename(argv[0]) in {os.path.basename(a) for a in cmd[:len(cmd) - len(tail)]})
 
 
 def state_path(run_dir: Path, name: str) -> Path:
@@ -67,7 +70,7 @@ def read_state(run_dir: Path, name: str) -> ProcessState | None:
         state = ProcessState(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
-    return state if alive(state.pid, state.program) else None
+    return state if alive(state.pid, state.argv) else None
 
 
 def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, url: str,
@@ -78,7 +81,7 @@ def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, ur
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=cwd, start_new_session=True)
-    state = ProcessState(name, proc.pid, port, os.path.basename(argv[0]), str(log), url)
+    state = ProcessState(name, proc.pid, port, list(argv), str(log), url)
     state_path(run_dir, name).write_text(json.dumps(asdict(state)))
     return state
 
@@ -88,7 +91,7 @@ def wait_http(state: ProcessState, path: str, timeout: float, run_dir: Path) -> 
     deadline = time.monotonic() + timeout
     gone = 0
     while time.monotonic() < deadline:
-        gone = 0 if alive(state.pid, state.program) else gone + 1
+        gone = 0 if alive(state.pid, state.argv) else gone + 1
         if gone >= 3:  # not one read: /proc is briefly empty while a process execs
             break
         try:
@@ -115,8 +118,8 @@ def stop(run_dir: Path, name: str, timeout: float = 20.0) -> bool:
     except ProcessLookupError:
         return True
     deadline = time.monotonic() + timeout
-    while alive(state.pid, state.program) and time.monotonic() < deadline:
+    while alive(state.pid, state.argv) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if alive(state.pid, state.program):
+    if alive(state.pid, state.argv):
         os.killpg(state.pid, signal.SIGKILL)
     return True

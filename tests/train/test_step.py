@@ -181,3 +181,50 @@ def test_collate_masks_come_from_lengths_not_pad_ids(tok):
     assert batch.has_behaviour.tolist() == [True, False] and counts["missing_behaviour"] == 1
     with pytest.raises(ValueError, match="misaligned"):
         encode_turns([dataclasses.replace(turns[0], behaviour_logprobs=[-1.0])], tok)
+
+
+
+def test_lm_head_on_scored_rows_only_matches_full_logits(tiny, tok):
+    """output_logprobs' fast path (LM head on the output positions only) gives the full-logits
+    path's token logprobs, PG + KL loss, KTO loss and LoRA gradients, policy and reference alike."""
+    from pipelines.train.losses import kto_loss, policy_gradient_loss, sequence_logprobs
+    from pipelines.train.step import _decoder_and_head, output_logprobs
+
+    model, _ = build_policy(tiny, None, _cfg(), seed=0)
+    assert _decoder_and_head(model) is not None  # the tiny Llama takes the fast path
+    with torch.no_grad():  # non-zero LoRA B: policy != reference, LoRA A gets gradients too
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+    enc, _ = encode_turns(_turns(tok), tok)  # uneven prompt and output lengths: real padding
+    batch = collate(enc, tok.pad_token_id)
+    ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask[:, 1:]
+    assert (mask == 0).any() and att.min() == 0
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(fast):
+        model.zero_grad(set_to_none=True)
+        lp = output_logprobs(model, ids, att, batch.loss_mask, head_only_where_scored=fast)
+        with torch.no_grad(), model.disable_adapter():
+            ref = output_logprobs(model, ids, att, batch.loss_mask, head_only_where_scored=fast)
+        pg, _ = policy_gradient_loss(lp, lp.detach() + 0.1, ref, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask,
+                                     PolicyGradientObjective(correction="tis", tis_cap=1.05, kl_coef=0.1))
+        kto, _ = kto_loss(sequence_logprobs(lp, mask), sequence_logprobs(ref, mask),
+                          torch.tensor([True, False, True, False]), KTOObjective(beta=0.1))
+        (pg + kto).backward()
+        return lp.detach(), ref, pg.detach(), kto.detach(), [p.grad.clone() for p in params]
+
+    fast, full = run(True), run(False)
+    # the full path is the learner's former code: token_logprobs over model(...).logits
+    with torch.no_grad():
+        old = token_logprobs(model(input_ids=ids, attention_mask=att).logits[:, :-1], ids[:, 1:])
+        with model.disable_adapter():
+            old_ref = token_logprobs(model(input_ids=ids, attention_mask=att).logits[:, :-1], ids[:, 1:])
+    assert torch.equal(full[0], old * mask) and torch.equal(full[1], old_ref * mask)
+    assert not torch.allclose(fast[0], fast[1])  # the policy differs from the reference here
+    assert bool((fast[0][mask == 0] == 0).all()) and bool((fast[0][mask > 0] < 0).all())
+    for a, b in zip(fast[:4], full[:4]):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
+    assert len(fast[4]) == len(full[4]) == 2 * 2 * 4 and all(g.abs().max() > 0 for g in fast[4])
+    for a, b in zip(fast[4], full[4]):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (a - b).abs().max()
