@@ -41,6 +41,7 @@ def run(cfg: TracerlConfig, name: str, tags: dict[str, str], params: dict[str, A
     import mlflow
 
     client(cfg)
+    tags = {k: str(v) for k, v in tags.items()}  # a REST store (an MLflow server) takes strings only
     with mlflow.start_run(experiment_id=experiment_id(cfg, experiment), run_name=name, tags=tags) as r:
         flat = flatten(params)
         for i in range(0, len(flat), 100):  # MLflow caps a batch at 100 params

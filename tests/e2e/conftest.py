@@ -15,43 +15,18 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
                   "--disable-dev-shm-usage", "--window-size=1600,1000"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"{what} did not start: {log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.3)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -74,68 +49,58 @@ def e2e_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dagster_ui(e2e_dir):
-    """`dagster-webserver -m assets.definitions` on a fresh DAGSTER_HOME; yields its base URL."""
+def stack_cfg(e2e_dir):
+    """A tracerl home for the services `tracerl up` starts (MLflow UI, Dagster)."""
+    from pipelines.config import TracerlConfig
+
+    return TracerlConfig(home=e2e_dir / "home")
+
+
+@pytest.fixture(scope="module")
+def dagster_ui(e2e_dir, stack_cfg):
+    """`tracerl up`'s Dagster (webserver + daemon on `assets.definitions`) on a fresh DAGSTER_HOME."""
+    from pipelines.services.dagster import start_dagster, stop_dagster
+
     home = e2e_dir / "dagster_home"
     home.mkdir()
     if (REPO / "dagster_home" / "dagster.yaml").exists():
         shutil.copy(REPO / "dagster_home" / "dagster.yaml", home / "dagster.yaml")
-    port = free_port()
-    log_path = e2e_dir / "dagster-webserver.log"
-    env = {**os.environ, "DAGSTER_HOME": str(home)}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(BIN / "dagster-webserver"), "-m", "assets.definitions",
-                                 "-h", "127.0.0.1", "-p", str(port)],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    before = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
     try:
-        wait_http(f"{url}/server_info", proc, log_path, "dagster-webserver")
-        yield url
+        yield start_dagster(stack_cfg).url
     finally:
-        stop(proc)
+        stop_dagster(stack_cfg)
+        if before is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = before
 
 
 @pytest.fixture(scope="module")
-def mlflow_ui(e2e_dir):
-    """A real MLflow server (SQLite registry) with the model `acme.concise`, version 1 aliased `champion`.
+def mlflow_ui(stack_cfg):
+    """`tracerl up`'s MLflow server, over a store where the library registered `acme.concise`
+    version 1 (an adapter artifact on a run) and aliased it `champion`.
 
-    Registered the way pipelines/registry.py does it: a run with an `adapter` artifact folder,
-    a model version whose source is `runs:/<run_id>/adapter`, then the alias.
     Yields (base URL, model name, version).
     """
-    from mlflow import MlflowClient
+    import mlflow
 
-    from pipelines.registry import CHAMPION, model_name
+    from pipelines import registry, tracking
+    from pipelines.services.mlflow_server import start_mlflow, stop_mlflow
 
-    root = e2e_dir / "mlflow"
-    root.mkdir()
-    port = free_port()
-    log_path = root / "server.log"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                                 "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1",
-                                 "--port", str(port), "--workers", "1"],
-                                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    cfg = stack_cfg
+    adapter = cfg.home / "adapter-src"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    with tracking.run(cfg, "e2e learner", tags={"tracerl.stage": "learner"}, params={}) as run:
+        mlflow.log_artifacts(str(adapter), "adapter")
+    version = registry.register_candidate(cfg, "acme", "concise", run.info.run_id, 1, {"tenant": "acme"})
+    registry.set_alias(cfg, "acme", "concise", registry.CHAMPION, version)
     try:
-        wait_http(f"{url}/health", proc, log_path, "mlflow server")
-        c = MlflowClient(tracking_uri=url, registry_uri=url)
-        run = c.create_run(c.create_experiment("e2e"))
-        adapter = root / "adapter"
-        adapter.mkdir()
-        (adapter / "adapter_config.json").write_text('{"r": 8}')
-        c.log_artifacts(run.info.run_id, str(adapter), "adapter")
-        c.set_terminated(run.info.run_id)
-        name = model_name("acme", "concise")
-        c.create_registered_model(name, tags={"tenant": "acme", "task": "concise"})
-        mv = c.create_model_version(name, source=f"runs:/{run.info.run_id}/adapter", run_id=run.info.run_id,
-                                    tags={"adapter_version": "1"})
-        c.set_registered_model_alias(name, CHAMPION, mv.version)
-        yield url, name, str(mv.version)
+        yield start_mlflow(cfg).url, registry.model_name("acme", "concise"), str(version)
     finally:
-        stop(proc)
+        stop_mlflow(cfg)
 
 
 class Page:

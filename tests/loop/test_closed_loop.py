@@ -34,6 +34,9 @@ base_model = "tiny"
 port = 0
 """)
     monkeypatch.setenv("TRACERL_CONFIG", str(toml))  # the gateway process reads the same file
+    # mlflow.set_tracking_uri() exports MLFLOW_TRACKING_URI, which the config honours: earlier
+    # tests in this process leave theirs behind
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     from pipelines.services.kafka import ensure_topic
 
     cfg = loop_settings(load_config(toml))
