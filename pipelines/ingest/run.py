@@ -54,6 +54,7 @@ class IngestResult:
     kafka_commit: str = "skipped"
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # join, poll, land, commit (seconds)
+    topic_ids: dict[str, str] = field(default_factory=dict)  # Kafka topic ids read (watermark identity)
 
     @property
     def quarantine_rate(self) -> float:
@@ -79,6 +80,7 @@ def open_consumer(cfg: TracerlConfig, lake: Lake, group_id: str | None = None, t
     if topic not in consumer.topics():
         consumer.close()
         raise IngestError(f"topic {topic!r} does not exist on {client_options(cfg)['bootstrap_servers']}")
+    topic_ids = topic_id_of(consumer, topic)
 
     class SeekPastLake(ConsumerRebalanceListener):
         """The lake's watermark wins over Kafka's committed offset: it is what truly landed."""
@@ -87,7 +89,7 @@ def open_consumer(cfg: TracerlConfig, lake: Lake, group_id: str | None = None, t
             pass
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            marks = lake.watermarks()
+            marks = lake.watermarks(topic_ids)
             for tp in assigned:
                 high = marks.get(f"{tp.topic}:{tp.partition}")
                 if high is not None:
@@ -95,6 +97,15 @@ def open_consumer(cfg: TracerlConfig, lake: Lake, group_id: str | None = None, t
 
     consumer.subscribe([topic], listener=SeekPastLake())
     return consumer
+
+
+def topic_id_of(consumer: Any, topic: str) -> dict[str, str]:
+    """{topic: its Kafka topic id} (KIP-516, Kafka 2.8+), or {} where the broker has none.
+
+    The lake keys its watermarks by this id, so a topic deleted and created again (offsets
+    starting over, e.g. a restarted in-memory broker) is read from its start, not skipped."""
+    tid = consumer._client.cluster.topic_id(topic)  # kafka-python keeps it from the metadata response
+    return {topic: str(tid)} if tid else {}
 
 
 def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
@@ -155,7 +166,7 @@ def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> N
     """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
     with lake.locked():
         result.recovered = lake.recover()
-        high = {tuple(k.rsplit(":", 1)): v for k, v in lake.watermarks().items()}
+        high = {tuple(k.rsplit(":", 1)): v for k, v in lake.watermarks(result.topic_ids).items()}
         high = {(t, int(p)): v for (t, p), v in high.items()}
         keep = [False] * len(records)
         spans: dict[tuple[str, int], list[int]] = {}
@@ -205,7 +216,7 @@ def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> N
         failpoint("ingest.after_stage")
         result.offsets = offsets
         txn.commit(offsets, {"landed": result.landed, "quarantined": result.quarantined,
-                             "duplicates": result.duplicates})
+                             "duplicates": result.duplicates}, result.topic_ids)
         failpoint("ingest.after_manifest")
         txn.publish()
         failpoint("ingest.after_publish")
@@ -237,6 +248,7 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
     result = IngestResult(run_id=run_id)
     lake = Lake(cfg.lake)
     consumer = open_consumer(cfg, lake, group_id, topic)
+    result.topic_ids = topic_id_of(consumer, topic or cfg.kafka.topic)
     # A batch holds ~1e5 records alive; the cyclic GC would rescan them all on every
     # collection (measured: 3x slower polling). Nothing here creates cycles.
     gc_was_enabled = gc.isenabled()

@@ -62,6 +62,7 @@ class Manifest:
     offsets: dict[str, list[int]]      # "topic:partition" -> [first, last] consumed this run
     watermarks: dict[str, int]         # "topic:partition" -> last offset held by the lake
     counts: dict[str, int] = field(default_factory=dict)
+    topic_ids: dict[str, str] = field(default_factory=dict)  # topic -> Kafka topic id the watermarks refer to
 
     @property
     def name(self) -> str:
@@ -99,9 +100,15 @@ class Lake:
         names = sorted(self.log.glob("*.json")) if self.log.exists() else []
         return Manifest(**json.loads(names[-1].read_text())) if names else None
 
-    def watermarks(self) -> dict[str, int]:
+    def watermarks(self, topic_ids: dict[str, str] | None = None) -> dict[str, int]:
+        """Last landed offset per "topic:partition". With the topics' current Kafka ids, the
+        watermarks of a topic that was deleted and created again (its offsets start over: an
+        in-memory broker restarted, a topic recreated by hand) are left out."""
         m = self.latest()
-        return dict(m.watermarks) if m else {}
+        if m is None:
+            return {}
+        stale = {t for t, tid in (topic_ids or {}).items() if m.topic_ids.get(t) not in (None, tid)}
+        return {tp: v for tp, v in m.watermarks.items() if tp.rsplit(":", 1)[0] not in stale}
 
     # -- recovery ------------------------------------------------------------
     def recover(self) -> dict[str, int]:
@@ -152,6 +159,7 @@ class Transaction:
         prev = lake.latest()
         self.seq = (prev.seq + 1) if prev else 1
         self.base_watermarks = dict(prev.watermarks) if prev else {}
+        self.base_topic_ids = dict(prev.topic_ids) if prev else {}
 
     def stage(self, dataset: str, partition: dict[str, str], table: pa.Table) -> str:
         parts = "/".join(f"{k}={v}" for k, v in partition.items())
@@ -160,13 +168,19 @@ class Transaction:
         self.files.append({"path": rel, "rows": table.num_rows, "dataset": dataset})
         return rel
 
-    def commit(self, offsets: dict[str, list[int]], counts: dict[str, int]) -> Manifest:
-        watermarks = dict(self.base_watermarks)
+    def commit(self, offsets: dict[str, list[int]], counts: dict[str, int],
+               topic_ids: dict[str, str] | None = None) -> Manifest:
+        """`topic_ids`: the Kafka ids of the topics read; a topic whose id changed starts its
+        watermarks over (its offsets belong to a new log)."""
+        topic_ids = {**self.base_topic_ids, **(topic_ids or {})}
+        reset = {t for t, tid in topic_ids.items() if self.base_topic_ids.get(t) not in (None, tid)}
+        watermarks = {tp: v for tp, v in self.base_watermarks.items() if tp.rsplit(":", 1)[0] not in reset}
         for tp, (_, last) in offsets.items():
             watermarks[tp] = max(watermarks.get(tp, -1), last)
         for d in {Path(f["path"]).parent for f in self.files}:
             fsync_dir(self.lake.staging / self.run_id / d)
-        self.manifest = Manifest(self.seq, self.run_id, time.time(), self.files, offsets, watermarks, counts)
+        self.manifest = Manifest(self.seq, self.run_id, time.time(), self.files, offsets, watermarks, counts,
+                                 topic_ids)
         write_json_atomic(self.lake.log / f"{self.manifest.name}.json", self.manifest.__dict__)
         return self.manifest
 

@@ -65,6 +65,32 @@ def test_second_run_lands_only_new_events_consumer_group_resume(cfg):
     assert set(lake_payloads(cfg)) == {e.event_id for e in first + second}
 
 
+def test_a_recreated_topic_is_read_from_its_start(cfg):
+    """Offsets start over when a topic is deleted and created again (or an in-memory broker
+    restarts): the lake's watermarks of the old log must not hide the new one's events."""
+    from kafka import KafkaAdminClient
+
+    from pipelines.services.kafka import client_options, ensure_topic
+
+    first = generate(40, seed=3)
+    produce(cfg, first)
+    r1 = run_ingest(cfg)
+    assert r1.landed == len(first) and r1.topic_ids  # the broker reports a topic id
+    admin = KafkaAdminClient(**client_options(cfg))
+    admin.delete_topics([cfg.kafka.topic])
+    admin.close()
+    ensure_topic(cfg)
+    second = generate(10, seed=4)  # far fewer events: their offsets are all below the old watermarks
+    produce(cfg, second)
+    r2 = run_ingest(cfg)
+    assert r2.topic_ids != r1.topic_ids
+    assert r2.landed == len(second) and r2.already_landed == 0
+    assert set(lake_payloads(cfg)) == {e.event_id for e in first + second}
+    m = Lake(cfg.lake).latest()  # the watermarks now describe the new log only
+    assert m.topic_ids == r2.topic_ids and max(m.watermarks.values()) < len(second) * 4
+    assert run_ingest(cfg).consumed == 0  # and the next run resumes after it
+
+
 def test_bounded_batches_resume_where_the_last_stopped(cfg):
     events = generate(50, seed=5)
     produce(cfg, events)
