@@ -6,8 +6,8 @@ Reads top to bottom like nanoGPT's loop. Phases, in order:
   2. encode turns; staleness weights (drop / down-weight turns served by old adapters);
   3. advantages (policy gradient) or desirable labels (KTO); drop samples with no signal;
   4. ``steps_per_iteration`` optimizer steps, each over its slice of the batch, in micro-batches:
-     policy forward -> token logprobs; reference logprobs from the SAME model with adapters
-     disabled (no grad); loss from the pure functions in ``losses``; backward;
+     reference logprobs from the SAME model with adapters disabled (no grad), then the policy
+     forward -> token logprobs; loss from the pure functions in ``losses``; backward;
      then clip, AdamW step, log. Both forwards apply the LM head only at the positions whose
      next token is an output token (:func:`output_logprobs`): the loss never reads the others;
   5. save the adapter (safetensors) to ``out_dir`` atomically.
@@ -240,11 +240,12 @@ def train_step(
                 sig = torch.tensor([signal[i] for i in mb], dtype=torch.float32)
                 mask = batch.loss_mask[:, 1:]
 
-                # policy forward: logits at t-1 score the token at t (LM head on scored rows only)
-                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
-                # reference: same weights, adapters off, no graph
+                # reference: same weights, adapters off, no graph. First, so its buffers are free
+                # (and reused) before the policy forward holds its activations for the backward.
                 with torch.no_grad(), model.disable_adapter():
                     ref_lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+                # policy forward: logits at t-1 score the token at t (LM head on scored rows only)
+                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
 
                 if isinstance(obj, KTOObjective):
                     pol_seq, ref_seq = sequence_logprobs(lp, mask), sequence_logprobs(ref_lp, mask)
