@@ -9,7 +9,9 @@ Reads top to bottom like nanoGPT's loop. Phases, in order:
      reference logprobs from the SAME model with adapters disabled (no grad), then the policy
      forward -> token logprobs; loss from the pure functions in ``losses``; backward;
      then clip, AdamW step, log. Both forwards apply the LM head only at the positions whose
-     next token is an output token (:func:`output_logprobs`): the loss never reads the others;
+     next token is an output token (:func:`output_logprobs`): the loss never reads the others.
+     Micro-batches are cut from the step's turns sorted by prompt, and the tokens all rows of a
+     micro-batch start with (a system prompt, a group's prompt) run once, as a KV-cache prefix;
   5. save the adapter (safetensors) to ``out_dir`` atomically.
 
 The base weights are frozen (peft) and fingerprinted before and after: a change raises.
@@ -90,7 +92,42 @@ def _decoder_and_head(model):
     return decoder, head
 
 
-def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_where_scored: bool = True):
+MIN_SHARED_PREFIX = 8  # below this, the extra decoder call costs more than the rows it saves
+
+
+def shared_prefix_len(input_ids, attention_mask, loss_mask) -> int:
+    """How many leading tokens every row of the batch shares and can compute once: the common
+    prefix, stopped one short of the first scored position (the suffix pass must produce the hidden
+    state that scores it) and inside every row's attention. 0 when that is under ``MIN_SHARED_PREFIX``
+    or there is one row."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0)
+    if attention_mask is not None:
+        same &= (attention_mask > 0).all(0)
+    common = int(same.int().cumprod(0).sum())
+    scored = loss_mask[:, 1:] > 0  # column t-1 scores token t
+    if not bool(scored.any(1).all()):
+        return 0
+    first_scored_row = int(scored.int().argmax(1).min())  # hidden state at this position is read
+    n = min(common, first_scored_row)
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
+def _decode(decoder, input_ids, attention_mask, prefix: int):
+    """Hidden states of positions ``prefix:``; positions ``:prefix`` (equal in every row) run once
+    for one row, and the rows attend to that KV cache. Same numbers as one pass over all rows,
+    up to float rounding; gradients flow through the shared cache into the LoRA weights."""
+    if prefix == 0:
+        return decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    cache = decoder(input_ids=input_ids[:1, :prefix], use_cache=True).past_key_values
+    cache.batch_repeat_interleave(input_ids.shape[0])
+    return decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, past_key_values=cache,
+                   use_cache=True).last_hidden_state
+
+
+def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_where_scored: bool = True,
+                    share_prefix: bool = True):
     """log π(input_ids[:, t] | input_ids[:, <t]) for t ≥ 1: ``[B, T-1]``, aligned with ``loss_mask[:, 1:]``,
     in fp32, and 0 where ``loss_mask[:, 1:]`` is 0 (prompt, padding).
 
@@ -99,7 +136,9 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
     thrown away before. Same numbers as ``token_logprobs(model(...).logits[:, :-1], input_ids[:, 1:])``
     at the scored positions, up to float rounding (tests/train/test_step.py checks values and
     gradients). ``head_only_where_scored=False`` (or a model :func:`_decoder_and_head` does not
-    recognise) takes that full-logits path.
+    recognise) takes that full-logits path. ``share_prefix``: the rows' common leading tokens
+    (:func:`shared_prefix_len`) run once, not once per row; production turns of one app share
+    its system prompt, and a group's samples share their whole prompt.
     """
     import torch
 
@@ -112,9 +151,10 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
         lp = token_logprobs(logits[:, :-1], targets)
         return torch.where(scored, lp, torch.zeros((), dtype=lp.dtype))
     decoder, head = parts
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    prefix = shared_prefix_len(input_ids, attention_mask, loss_mask) if share_prefix else 0
+    hidden = _decode(decoder, input_ids, attention_mask, prefix)  # positions prefix..T-1
     rows, cols = scored.nonzero(as_tuple=True)
-    picked = token_logprobs(head(hidden[rows, cols]), targets[rows, cols])  # [N]: N scored tokens
+    picked = token_logprobs(head(hidden[rows, cols - prefix]), targets[rows, cols])  # [N]: N scored tokens
     return picked.new_zeros(scored.shape).index_put((rows, cols), picked)
 
 
@@ -229,6 +269,9 @@ def train_step(
         steps: list[dict[str, float]] = []
         for step, idx in enumerate(_slices(len(kept), opt_cfg.steps_per_iteration, gen) if kept else []):
             t0 = time.perf_counter()
+            # micro-batches of turns with a common prompt start share its forward (output_logprobs);
+            # the step's gradient is their sum either way
+            idx = sorted(idx, key=lambda i: kept[i][0].prompt_ids)
             step_tokens = sum(len(kept[i][0].output_ids) for i in idx)
             acc: dict[str, float] = {"loss": 0.0, "kl_tok": 0.0, "ratio_tok": 0.0, "clip_tok": 0.0,
                                      "ratio_max": -math.inf, "ratio_min": math.inf, "missing_behaviour": 0.0}

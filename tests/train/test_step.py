@@ -228,3 +228,58 @@ def test_lm_head_on_scored_rows_only_matches_full_logits(tiny, tok):
     assert len(fast[4]) == len(full[4]) == 2 * 2 * 4 and all(g.abs().max() > 0 for g in fast[4])
     for a, b in zip(fast[4], full[4]):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (a - b).abs().max()
+
+
+def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, tok):
+    """Rows that start alike (one system prompt; one group's prompt with replies that start alike)
+    compute that prefix once as a KV cache; logprobs and LoRA gradients match the per-row pass."""
+    from pipelines.train.step import output_logprobs, shared_prefix_len
+
+    model, _ = build_policy(tiny, None, _cfg(), seed=0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+    system = {"role": "system", "content": "You are the support assistant of Acme; answer in one short sentence."}
+    replies = [("Where is my order?", " It ships today."), ("Where is my order?", " It ships tomorrow, sorry."),
+               ("Can I get a refund?", " Yes, within 30 days.")]
+    turns = []
+    for i, (question, reply) in enumerate(replies):
+        msgs = [system, {"role": "user", "content": question}]
+        prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"]
+        out = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        turns.append(TrainTurn(f"t{i}", "qa", prompt, msgs, out, reply, None, 1.0, group_id=question))
+    enc, _ = encode_turns(turns, tok)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run(items, share):
+        batch = collate(items, tok.pad_token_id)
+        model.zero_grad(set_to_none=True)
+        lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, share_prefix=share)
+        with torch.no_grad(), model.disable_adapter():
+            ref = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, share_prefix=share)
+        (lp * torch.arange(1.0, lp.shape[1] + 1)).sum().backward()  # position-dependent: misplaced rows show
+        return batch, lp.detach(), ref, [p.grad.clone() for p in params]
+
+    # the group's two rows share their whole prompt and the first reply token: the prefix stops
+    # at the position whose hidden state scores the first reply token
+    same_prompt = collate(enc[:2], tok.pad_token_id)
+    first_scored = len(enc[0].prompt_ids) - 1
+    assert shared_prefix_len(same_prompt.input_ids, same_prompt.attention_mask, same_prompt.loss_mask) == first_scored
+    for items in (enc[:2], enc):
+        batch, *shared = run(items, True)
+        _, *per_row = run(items, False)
+        assert shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) >= 8
+        assert torch.equal(shared[0] == 0, batch.loss_mask[:, 1:] == 0)
+        for a, b in zip(shared[:2], per_row[:2]):
+            assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (a - b).abs().max()
+        assert all(g.abs().max() > 0 for g in shared[2])
+        for a, b in zip(shared[2], per_row[2]):  # float rounding, relative to the gradient's scale
+            assert float((a - b).abs().max()) <= 1e-5 * float(b.abs().max()), (a - b).abs().max()
+    # nothing to share: one row, or rows that differ from the first token
+    one = collate(enc[:1], tok.pad_token_id)
+    assert shared_prefix_len(one.input_ids, one.attention_mask, one.loss_mask) == 0
+    apart = collate(enc, tok.pad_token_id)
+    apart.input_ids[1, 0] += 1
+    assert shared_prefix_len(apart.input_ids, apart.attention_mask, apart.loss_mask) == 0
