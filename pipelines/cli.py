@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from pipelines.config import TracerlConfig, load_config
 
@@ -313,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown service(s) {sorted(unknown)}; known: {', '.join(SERVICES)}")
     cfg = load_config(args.config)
+    source = Path(args.config or os.environ.get("TRACERL_CONFIG") or "tracerl.toml")
+    if source.is_file():  # the services this command starts (gateway, Dagster) read the same file
+        os.environ["TRACERL_CONFIG"] = str(source.resolve())
     try:
         return args.fn(cfg, args)
     except Exception as e:  # a clean one-line error for known failures; tracebacks with TRACERL_DEBUG

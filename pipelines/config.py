@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,8 +151,35 @@ class TracerlConfig:
         return (self.home / "mlartifacts").resolve()
 
 
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether a TOML value fits a field's annotation (scalars, lists, tables, X | None)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if tp is Path:
+        return isinstance(value, (str, Path))
+    if origin in (list, tuple) or tp in (list, tuple):
+        return isinstance(value, list)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    return True  # Any, or a type TOML cannot spell: the section's own checks decide
+
+
 def _apply(obj: Any, values: dict[str, Any], where: str) -> None:
+    """Set ``values`` on the dataclass ``obj``: unknown names and wrong types are errors that
+    name the setting; then the section's own checks (``__post_init__``) run again."""
     names = {f.name: f for f in dataclasses.fields(obj)}
+    hints = typing.get_type_hints(type(obj))
     for key, value in values.items():
         if key not in names:
             raise ValueError(f"{where}: unknown setting {key!r}; known: {sorted(names)}")
@@ -161,10 +190,16 @@ def _apply(obj: Any, values: dict[str, Any], where: str) -> None:
             if not isinstance(value, dict):
                 raise ValueError(f"{where}.{key} must be a table, got {value!r}")
             _apply(current, value, f"{where}.{key}")
+        elif not _fits(value, hints[key]):
+            want = getattr(hints[key], "__name__", None) or str(hints[key])
+            raise ValueError(f"{where}.{key} = {value!r}: expected {want}")
         elif isinstance(current, Path) or key in ("home", "lake_root"):
             setattr(obj, key, Path(value))
         else:
-            setattr(obj, key, value)
+            setattr(obj, key, float(value) if hints[key] is float else value)
+    post_init = getattr(obj, "__post_init__", None)
+    if post_init is not None:
+        post_init()
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> TracerlConfig:

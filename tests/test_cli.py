@@ -54,3 +54,18 @@ def test_status_lists_the_whole_stack(tmp_path, capsys, monkeypatch):
         assert f"{name}:" in out
     assert main(["--config", str(tmp_path / "none.toml"), "down"]) == 0  # nothing started: nothing stopped
     assert capsys.readouterr().out.count("was not running") == 5
+
+
+def test_the_services_a_command_starts_read_its_config_file(tmp_path, capsys, monkeypatch):
+    """`tracerl --config F up` starts the gateway and Dagster as processes that load their own
+    config: they must get F, not ./tracerl.toml."""
+    import os
+
+    monkeypatch.delenv("TRACERL_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf" / "mine.toml"
+    conf.parent.mkdir()
+    conf.write_text(f'home = "{tmp_path / "home"}"\n')
+    assert main(["--config", "conf/mine.toml", "status"]) == 0
+    assert os.environ["TRACERL_CONFIG"] == str(conf.resolve())
+    capsys.readouterr()

@@ -43,9 +43,11 @@ def test_recycled_pid_is_not_trusted(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     proc = subprocess.Popen(["sleep", "30"])
-    try:  # a state file naming a live PID that runs some other program
+    try:  # a state file naming a live PID that is some other, later process than the recorded one
+        started = process.start_time(proc.pid)
         process.state_path(run, "mlflow").write_text(
-            f'{{"name": "mlflow", "pid": {proc.pid}, "port": 1, "argv": ["mlflow", "server"], "log": "x", "url": "x"}}')
+            f'{{"name": "mlflow", "pid": {proc.pid}, "pid_start": {started - 1}, "port": 1, '
+            f'"argv": ["mlflow", "server"], "log": "x", "url": "x"}}')
         assert process.read_state(run, "mlflow") is None
         assert process.stop(run, "mlflow") is False and proc.poll() is None
     finally:

@@ -11,7 +11,10 @@ A failure in 1-2 raises :class:`DeployError` and changes nothing: the old versio
 Loads are serialized by one lock (concurrent loads race in vLLM 0.32).
 
 Every attempt, failed or not, is one JSON line in ``<home>/deploy/swaps.jsonl``:
-``{at, who, action, tenant, task, from, to, ok, error, load_s, drain_s, drained}``.
+``{at, who, action, tenant, task, from, to, ok, error, load_s, drain_s, drained, unloaded,
+requests, failed_requests}``; the last two count the route's requests that ended between the
+start of the load and the end of the drain, and those of them vLLM failed (the zero-failure
+claim, measured on live traffic by the router).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class Deployer:
         with self._lock:
             record: dict[str, Any] = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                                       "who": who, "action": action, "tenant": tenant, "task": task}
-            t0 = time.monotonic()
+            t0, ended0 = time.monotonic(), self.router.ended(tenant, task)
             try:
                 old = self.router.live(tenant, task)
                 record["from"] = f"v{old.version}" if old else None
@@ -119,6 +122,8 @@ class Deployer:
                 record["drain_s"] = round(time.monotonic() - t1, 3)
                 if record["drained"]:
                     record["unloaded"] = self._unload(old.name)
+            ended1 = self.router.ended(tenant, task)
+            record["requests"], record["failed_requests"] = ended1[0] - ended0[0], ended1[1] - ended0[1]
             self._log(record)
             return record
 

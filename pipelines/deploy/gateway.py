@@ -163,6 +163,11 @@ class Gateway:
         finally:
             self.router.release(lease)
 
+    def _failed(self, lease) -> None:
+        """vLLM answered this request with an error, or not at all (counted per route for swaps)."""
+        self.counts["upstream_errors"] += 1
+        lease.failed = True
+
     async def _post(self, url: str, body: dict[str, Any]):
         assert self.session is not None
         return self.session.post(url, json=body)
@@ -174,10 +179,10 @@ class Gateway:
                 data = await resp.json(content_type=None)
                 status = resp.status
         except Exception as err:  # noqa: BLE001 - refused, reset, timeout: the client gets a 502
-            self.counts["upstream_errors"] += 1
+            self._failed(lease)
             return _error(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
         if status != 200:
-            self.counts["upstream_errors"] += 1
+            self._failed(lease)
             return web.json_response(data, status=status, headers=headers)
         latency_ms = (time.perf_counter() - t0) * 1000
         choice = data["choices"][0]
@@ -208,11 +213,11 @@ class Gateway:
             ctx = await self._post(url, body)
             up = await ctx.__aenter__()
         except Exception as err:  # noqa: BLE001
-            self.counts["upstream_errors"] += 1
+            self._failed(lease)
             return _error(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
         try:
             if up.status != 200:
-                self.counts["upstream_errors"] += 1
+                self._failed(lease)
                 return web.json_response(await up.json(content_type=None), status=up.status, headers=headers)
             resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
@@ -241,6 +246,9 @@ class Gateway:
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.counts["client_disconnects"] += 1
+            raise
+        except Exception:  # the upstream broke off mid-stream
+            self._failed(lease)
             raise
         finally:
             await ctx.__aexit__(None, None, None)
@@ -323,6 +331,7 @@ class Gateway:
 
     async def admin_stats(self, request: web.Request) -> web.Response:
         self._admin(request)
-        routes = [{"tenant": r.tenant, "task": r.task, "version": r.version, "inflight": self.router.inflight(r.name)}
+        routes = [{"tenant": r.tenant, "task": r.task, "version": r.version, "inflight": self.router.inflight(r.name),
+                   **dict(zip(("requests", "failed_requests"), self.router.ended(r.tenant, r.task)))}
                   for r in self.router.routes()]
         return web.json_response({"gateway": self.counts, "emitter": self.emitter.stats(), "routes": routes})

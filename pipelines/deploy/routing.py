@@ -58,6 +58,7 @@ class Lease:
     task: str
     version: int
     name: str
+    failed: bool = False  # set by the gateway when vLLM answered with an error, or not at all
 
 
 class UnknownModel(KeyError):
@@ -68,6 +69,7 @@ class Router:
     def __init__(self, state_path: Path | None = None):
         self._routes: dict[tuple[str, str], Live] = {}
         self._inflight: dict[str, int] = {}
+        self._ended: dict[tuple[str, str], list[int]] = {}  # (tenant, task) -> [requests, failed]
         self._cond = threading.Condition()
         self._state_path = Path(state_path) if state_path else None
         if self._state_path and self._state_path.is_file():
@@ -95,6 +97,9 @@ class Router:
 
     def release(self, lease: Lease) -> None:
         with self._cond:
+            ended = self._ended.setdefault((lease.tenant, lease.task), [0, 0])
+            ended[0] += 1
+            ended[1] += lease.failed
             left = self._inflight.get(lease.name, 0) - 1
             if left <= 0:
                 self._inflight.pop(lease.name, None)
@@ -105,6 +110,13 @@ class Router:
     def inflight(self, name: str) -> int:
         with self._cond:
             return self._inflight.get(name, 0)
+
+    def ended(self, tenant: str, task: str) -> tuple[int, int]:
+        """(requests, failed requests) of a route that have ended since this router started;
+        the deployer reads it around a swap."""
+        with self._cond:
+            requests, failed = self._ended.get((tenant, task), (0, 0))
+            return requests, failed
 
     # -- the deploy path ----------------------------------------------------------------------
 

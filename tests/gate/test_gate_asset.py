@@ -42,14 +42,20 @@ def _run(box, resource, **kw):
     return result, checks, promo[0].metadata if promo else None, deployed[0].metadata if deployed else None
 
 
-def test_a_passing_candidate_deploys_and_a_rejected_one_leaves_the_champion(tmp_path, mlflow_server, monkeypatch):
+def _gate_one_candidate(tmp_path, mlflow_server, monkeypatch):
+    """A registry with one candidate that answers all 3 questions right, and the gate wired to
+    the scripted backend: (cfg, tenant, task, registry version, adapter version, backend, resource)."""
     cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
-    rv_good, av_good = candidate(cfg, tenant, task)
-    backend = FakeBackend(policy_for({av_good: (3, True)}, tenant, task))
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
     monkeypatch.setattr("pipelines.gate.run.embedded_backend", lambda cfg, gate: backend)
     monkeypatch.setattr("pipelines.gate.run.gate_config", lambda cfg: gate)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    resource = TracerlResource(home=str(cfg.home))
+    return cfg, tenant, task, rv, av, backend, TracerlResource(home=str(cfg.home))
+
+
+def test_a_passing_candidate_deploys_and_a_rejected_one_leaves_the_champion(tmp_path, mlflow_server, monkeypatch):
+    cfg, tenant, task, rv_good, av_good, backend, resource = _gate_one_candidate(tmp_path, mlflow_server, monkeypatch)
     route = f"{tenant}/{task}"
 
     box = {"candidates": [{"tenant": tenant, "task": task, "registry_version": rv_good}]}
@@ -83,15 +89,9 @@ def test_a_passing_candidate_deploys_and_a_rejected_one_leaves_the_champion(tmp_
 
 
 def test_contamination_and_gate_errors_block_deployment(tmp_path, mlflow_server, monkeypatch):
-    cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
-    rv, av = candidate(cfg, tenant, task)
-    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
-    monkeypatch.setattr("pipelines.gate.run.embedded_backend", lambda cfg, gate: backend)
-    monkeypatch.setattr("pipelines.gate.run.gate_config", lambda cfg: gate)
+    cfg, tenant, task, rv, av, backend, resource = _gate_one_candidate(tmp_path, mlflow_server, monkeypatch)
     monkeypatch.setattr("pipelines.gate.run.trained_prompts",  # the learner trained on an eval item
                         lambda cfg, tenant, task, versions: [[{"role": "user", "content": question(4)}]])
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    resource = TracerlResource(home=str(cfg.home))
 
     box = {"candidates": [{"tenant": tenant, "task": task, "registry_version": rv}]}
     result, checks, promo, deployed = _run(box, resource)
