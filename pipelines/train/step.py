@@ -265,6 +265,7 @@ def train_step(
               f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}")
 
         # 4. optimizer steps ---------------------------------------------------------------
+        parts_ok = _decoder_and_head(model) is not None  # the shared-prefix path needs them
         optimizer = torch.optim.AdamW(params, lr=opt_cfg.lr, betas=opt_cfg.betas, weight_decay=opt_cfg.weight_decay)
         steps: list[dict[str, float]] = []
         for step, idx in enumerate(_slices(len(kept), opt_cfg.steps_per_iteration, gen) if kept else []):
@@ -274,7 +275,8 @@ def train_step(
             idx = sorted(idx, key=lambda i: kept[i][0].prompt_ids)
             step_tokens = sum(len(kept[i][0].output_ids) for i in idx)
             acc: dict[str, float] = {"loss": 0.0, "kl_tok": 0.0, "ratio_tok": 0.0, "clip_tok": 0.0,
-                                     "ratio_max": -math.inf, "ratio_min": math.inf, "missing_behaviour": 0.0}
+                                     "ratio_max": -math.inf, "ratio_min": math.inf, "missing_behaviour": 0.0,
+                                     "positions": 0.0, "prefix_reused": 0.0}
             optimizer.zero_grad(set_to_none=True)
             for start in range(0, len(idx), opt_cfg.micro_batch_size):
                 mb = idx[start: start + opt_cfg.micro_batch_size]
@@ -311,6 +313,9 @@ def train_step(
                 acc["ratio_max"] = max(acc["ratio_max"], m["ratio_max"])
                 acc["ratio_min"] = min(acc["ratio_min"], m["ratio_min"])
                 acc["missing_behaviour"] += float((~batch.has_behaviour).sum())
+                acc["positions"] += batch.input_ids.numel()  # what each forward would run row by row
+                acc["prefix_reused"] += (len(mb) - 1) * shared_prefix_len(
+                    batch.input_ids, batch.attention_mask, batch.loss_mask)
 
             # clip, step
             clip = opt_cfg.grad_clip if opt_cfg.grad_clip > 0 else float("inf")
@@ -328,6 +333,9 @@ def train_step(
                 "ratio_mean": acc["ratio_tok"] / tok, "ratio_max": acc["ratio_max"], "ratio_min": acc["ratio_min"],
                 "clip_frac": acc["clip_tok"] / tok, "kl": acc["kl_tok"] / tok, "grad_norm": grad_norm,
                 "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr,
+                # share of positions each forward did not recompute: the micro-batch's common prefix
+                # ran once (output_logprobs); 0 on models without the decoder/head split
+                "prefix_reuse_frac": acc["prefix_reused"] / max(acc["positions"], 1.0) if parts_ok else 0.0,
                 "tokens_per_s": step_tokens / dt if dt > 0 else math.nan, "step_s": dt,
                 # process high-water mark so far (ru_maxrss is KiB on Linux)
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,

@@ -230,7 +230,7 @@ def test_lm_head_on_scored_rows_only_matches_full_logits(tiny, tok):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4), (a - b).abs().max()
 
 
-def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, tok):
+def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tiny, tok, tmp_path):
     """Rows that start alike (one system prompt; one group's prompt with replies that start alike)
     compute that prefix once as a KV cache; logprobs and LoRA gradients match the per-row pass."""
     from pipelines.train.step import output_logprobs, shared_prefix_len
@@ -249,7 +249,7 @@ def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tin
         prompt = tok(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
                      add_special_tokens=False)["input_ids"]
         out = tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        turns.append(TrainTurn(f"t{i}", "qa", prompt, msgs, out, reply, None, 1.0, group_id=question))
+        turns.append(TrainTurn(f"t{i}", "qa", prompt, msgs, out, reply, None, (1.0, -1.0, 1.0)[i], group_id=question))
     enc, _ = encode_turns(turns, tok)
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -283,3 +283,8 @@ def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tin
     apart = collate(enc, tok.pad_token_id)
     apart.input_ids[1, 0] += 1
     assert shared_prefix_len(apart.input_ids, apart.attention_mask, apart.loss_mask) == 0
+    # the learner reports how much it reused (all three turns in one micro-batch)
+    res = train_step(tiny, None, turns, _cfg(KTOObjective(), steps=1), tmp_path / "a", seed=0)
+    batch = collate(enc, tok.pad_token_id)
+    want = 2 * shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) / batch.input_ids.numel()
+    assert res.steps[0]["prefix_reuse_frac"] == pytest.approx(want) and want > 0.1
