@@ -119,7 +119,8 @@ def read_state(run_dir: Path, name: str, cls: type[S] = ProcessState) -> S | Non
     """The running service recorded under `run_dir`, or None (a stale or foreign file is ignored)."""
     try:
         data = json.loads(state_path(run_dir, name).read_text())
-        state = cls(**{k: v for k, v in data.items() if k in {f.name for f in fields(cls)}})
+        known = {f.name for f in fields(cls)}
+        state = cls(**{k: v for k, v in data.items() if k in known})
     except (OSError, ValueError, TypeError):
         return None
     return state if alive(state) else None
@@ -152,8 +153,13 @@ def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, ur
 
 
 def log_tail(state: ProcessState, chars: int = 1500) -> str:
-    log = Path(state.log)
-    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
+    """The log's last `chars` bytes (logs grow across restarts: never read them whole)."""
+    try:
+        with open(state.log, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - chars))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return "(no log)"
 
 
 def wait_http(state: ProcessState, path: str, timeout: float, run_dir: Path) -> None:

@@ -127,7 +127,7 @@ def _decode(decoder, input_ids, attention_mask, prefix: int):
 
 
 def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_where_scored: bool = True,
-                    share_prefix: bool = True):
+                    prefix: int | None = None):
     """log π(input_ids[:, t] | input_ids[:, <t]) for t ≥ 1: ``[B, T-1]``, aligned with ``loss_mask[:, 1:]``,
     in fp32, and 0 where ``loss_mask[:, 1:]`` is 0 (prompt, padding).
 
@@ -136,9 +136,9 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
     thrown away before. Same numbers as ``token_logprobs(model(...).logits[:, :-1], input_ids[:, 1:])``
     at the scored positions, up to float rounding (tests/train/test_step.py checks values and
     gradients). ``head_only_where_scored=False`` (or a model :func:`_decoder_and_head` does not
-    recognise) takes that full-logits path. ``share_prefix``: the rows' common leading tokens
-    (:func:`shared_prefix_len`) run once, not once per row; production turns of one app share
-    its system prompt, and a group's samples share their whole prompt.
+    recognise) takes that full-logits path. ``prefix``: that many leading tokens, common to all
+    rows, run once, not once per row (None: :func:`shared_prefix_len`; 0: no sharing); production
+    turns of one app share its system prompt, and a group's samples share their whole prompt.
     """
     import torch
 
@@ -151,7 +151,8 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
         lp = token_logprobs(logits[:, :-1], targets)
         return torch.where(scored, lp, torch.zeros((), dtype=lp.dtype))
     decoder, head = parts
-    prefix = shared_prefix_len(input_ids, attention_mask, loss_mask) if share_prefix else 0
+    if prefix is None:
+        prefix = shared_prefix_len(input_ids, attention_mask, loss_mask)
     hidden = _decode(decoder, input_ids, attention_mask, prefix)  # positions prefix..T-1
     rows, cols = scored.nonzero(as_tuple=True)
     picked = token_logprobs(head(hidden[rows, cols - prefix]), targets[rows, cols])  # [N]: N scored tokens
@@ -265,7 +266,7 @@ def train_step(
               f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}")
 
         # 4. optimizer steps ---------------------------------------------------------------
-        parts_ok = _decoder_and_head(model) is not None  # the shared-prefix path needs them
+        parts_ok = _decoder_and_head(model) is not None  # the head-only / shared-prefix path
         optimizer = torch.optim.AdamW(params, lr=opt_cfg.lr, betas=opt_cfg.betas, weight_decay=opt_cfg.weight_decay)
         steps: list[dict[str, float]] = []
         for step, idx in enumerate(_slices(len(kept), opt_cfg.steps_per_iteration, gen) if kept else []):
@@ -287,10 +288,13 @@ def train_step(
 
                 # reference: same weights, adapters off, no graph. First, so its buffers are free
                 # (and reused) before the policy forward holds its activations for the backward.
+                # the rows' common prefix, run once in both forwards (0 on the full-logits path)
+                prefix = shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) if parts_ok else 0
                 with torch.no_grad(), model.disable_adapter():
-                    ref_lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+                    ref_lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                             prefix=prefix)
                 # policy forward: logits at t-1 score the token at t (LM head on scored rows only)
-                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
+                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, prefix=prefix)
 
                 if isinstance(obj, KTOObjective):
                     pol_seq, ref_seq = sequence_logprobs(lp, mask), sequence_logprobs(ref_lp, mask)
@@ -314,8 +318,7 @@ def train_step(
                 acc["ratio_min"] = min(acc["ratio_min"], m["ratio_min"])
                 acc["missing_behaviour"] += float((~batch.has_behaviour).sum())
                 acc["positions"] += batch.input_ids.numel()  # what each forward would run row by row
-                acc["prefix_reused"] += (len(mb) - 1) * shared_prefix_len(
-                    batch.input_ids, batch.attention_mask, batch.loss_mask)
+                acc["prefix_reused"] += (len(mb) - 1) * prefix
 
             # clip, step
             clip = opt_cfg.grad_clip if opt_cfg.grad_clip > 0 else float("inf")
@@ -335,7 +338,7 @@ def train_step(
                 "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr,
                 # share of positions each forward did not recompute: the micro-batch's common prefix
                 # ran once (output_logprobs); 0 on models without the decoder/head split
-                "prefix_reuse_frac": acc["prefix_reused"] / max(acc["positions"], 1.0) if parts_ok else 0.0,
+                "prefix_reuse_frac": acc["prefix_reused"] / max(acc["positions"], 1.0),
                 "tokens_per_s": step_tokens / dt if dt > 0 else math.nan, "step_s": dt,
                 # process high-water mark so far (ru_maxrss is KiB on Linux)
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,

@@ -256,9 +256,11 @@ def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tin
     def run(items, share):
         batch = collate(items, tok.pad_token_id)
         model.zero_grad(set_to_none=True)
-        lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, share_prefix=share)
+        lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                             prefix=None if share else 0)
         with torch.no_grad(), model.disable_adapter():
-            ref = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, share_prefix=share)
+            ref = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                  prefix=None if share else 0)
         (lp * torch.arange(1.0, lp.shape[1] + 1)).sum().backward()  # position-dependent: misplaced rows show
         return batch, lp.detach(), ref, [p.grad.clone() for p in params]
 
