@@ -81,6 +81,14 @@ class Emitter:
         out["spill_files"] = len(list(self.spill_dir.glob("spill-*.jsonl")))
         return out
 
+    def health(self) -> dict[str, Any]:
+        """What `/health` reports: the thread's state, queue depth, spill size, last error."""
+        files = list(self.spill_dir.glob("spill-*.jsonl"))
+        return {"state": "running" if self._thread.is_alive() else "dead",
+                "queued": self._queue.qsize(), "spill_files": len(files),
+                "spill_bytes": sum(f.stat().st_size for f in files if f.exists()),
+                "last_error": self.last_error}
+
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued (or spill it), stop the thread, close the producer."""
         self._stop.set()
