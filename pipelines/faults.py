@@ -13,3 +13,13 @@ EXIT_CODE = 86
 def failpoint(name: str) -> None:
     if os.environ.get("TRACERL_FAILPOINT") == name:
         os._exit(EXIT_CODE)
+
+
+class InjectedFault(RuntimeError):
+    """What `fault` raises: an error where a test wants a component to survive one, not a crash."""
+
+
+def fault(name: str) -> None:
+    """Raise at a named point while `TRACERL_FAULT=name` (e.g. `emitter.batch`); unset, one lookup."""
+    if os.environ.get("TRACERL_FAULT") == name:
+        raise InjectedFault(f"injected fault at {name}")

@@ -15,6 +15,15 @@ segment and sends the closed ones again, deleting each file only once all of its
 were delivered (``replayed``). Duplicate deliveries are harmless: ingest drops repeated
 ``event_id``s. An event the contract validator rejects is never retried: it goes to
 ``rejected.jsonl`` with its reason (``rejected``). Every count is in :meth:`stats`.
+
+The emitter survives its own disk and its own bugs: a spill or journal line that does not
+parse (a crash tore it mid-write, the disk garbled it) is moved to ``corrupt.jsonl`` with its
+file and line number (``corrupt_lines``) and the rest is replayed; any exception in the thread
+spills the batch it held, and the thread starts again after a backoff (``restarts``), so the
+gateway never answers 200 over a dead emitter. :meth:`health` says which state it is in.
+
+On the embedded broker (in memory), every delivered event is also kept in a journal until the
+lake holds it, and re-sent if the broker restarted before ingest read it: see ``journal.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipelines.faults import fault
+
 if TYPE_CHECKING:
     from pipelines.config import TracerlConfig
+    from pipelines.deploy.journal import Resend
 
 
 @dataclass
@@ -39,6 +51,12 @@ class EmitterConfig:
     delivery_timeout_s: float = 5.0   # a batch not acked within this is spilled
     replay_interval_s: float = 5.0    # how often spilled events are retried
     retry_backoff_s: float = 2.0      # after a failure, wait this long before using Kafka again
+    restart_backoff_s: float = 1.0    # the thread died: first wait before it starts again (doubles)
+    restart_backoff_max_s: float = 30.0
+    journal: bool | None = None       # keep delivered events until the lake holds them; None = on
+                                      # for the embedded (in-memory) broker only
+    journal_sweep_s: float = 30.0     # how often the journal is compared with the lake
+    journal_max_bytes: int = 1 << 30  # past this the oldest journal segments are dropped (counted)
 
 
 class Emitter:
@@ -53,15 +71,29 @@ class Emitter:
         self._options.update(producer_options)
         self._queue: queue.Queue[dict] = queue.Queue(maxsize=self.conf.queue_size)
         self._spill_lock = threading.Lock()
+        # start time in the name: a restarted process (same PID in a container) never appends
+        # to a file whose last line a crash tore, and names sort oldest first
+        self._spill_name = f"spill-{int(time.time()):010d}-{os.getpid()}-"
         self._segment = 0
         self._counts = {k: 0 for k in ("emitted", "sent", "spilled_full", "spilled_failed", "replayed",
-                                       "rejected", "kafka_errors")}
+                                       "rejected", "kafka_errors", "corrupt_lines", "restarts",
+                                       "journaled", "resent")}
         self._count_lock = threading.Lock()
         self._producer = None
         self._down_until = 0.0
+        self._inflight: list[dict] = []  # taken from the queue, not yet delivered or spilled
         self.last_error: str | None = None
+        self._state = "running"
+        self.journal = None
+        self._journal_size: dict[str, Any] = {}
+        if self.conf.journal if self.conf.journal is not None else cfg.kafka.embedded:
+            from pipelines.deploy.journal import Journal
+
+            self.journal = Journal(self.spill_dir / "journal", cfg.lake, self.conf.journal_max_bytes,
+                                   self._corrupt)
+            self._journal_size = self.journal.size()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tracerl-emitter", daemon=True)
+        self._thread = threading.Thread(target=self._supervise, name="tracerl-emitter", daemon=True)
         self._thread.start()
 
     # -- caller side (the gateway's event loop) -----------------------------------------------
@@ -78,16 +110,21 @@ class Emitter:
         with self._count_lock:
             out = dict(self._counts)
         out["queued"] = self._queue.qsize()
-        out["spill_files"] = len(list(self.spill_dir.glob("spill-*.jsonl")))
+        out["spill_files"] = len(self._spill_files())
         return out
 
     def health(self) -> dict[str, Any]:
-        """What `/health` reports: the thread's state, queue depth, spill size, last error."""
-        files = list(self.spill_dir.glob("spill-*.jsonl"))
-        return {"state": "running" if self._thread.is_alive() else "dead",
-                "queued": self._queue.qsize(), "spill_files": len(files),
-                "spill_bytes": sum(f.stat().st_size for f in files if f.exists()),
-                "last_error": self.last_error}
+        """What `/health` reports: the thread's state ("running", "restarting" after a crash,
+        "dead" if the thread is gone while it should run, "stopped" after close), restarts,
+        queue depth, spill and journal size, lines moved aside, the last error."""
+        files = self._spill_files()
+        alive = self._thread.is_alive()
+        state = self._state if alive else ("stopped" if self._stop.is_set() else "dead")
+        with self._count_lock:
+            restarts, corrupt = self._counts["restarts"], self._counts["corrupt_lines"]
+        return {"state": state, "restarts": restarts, "queued": self._queue.qsize(), "spill_files": len(files),
+                "spill_bytes": sum(_size(f) for f in files), "corrupt_lines": corrupt,
+                "last_error": self.last_error, **self._journal_size}
 
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is queued (or spill it), stop the thread, close the producer."""
@@ -96,9 +133,7 @@ class Emitter:
         rest = self._take(10 ** 9, wait=0)
         if rest:
             self._spill(rest, "spilled_failed")
-        if self._producer is not None:
-            _discard(self._producer._producer)
-            self._producer = None
+        self._drop_producer()
 
     # -- the background thread ----------------------------------------------------------------
 
@@ -116,23 +151,58 @@ class Emitter:
             pass
         return batch
 
+    def _supervise(self) -> None:
+        """Run the loop; if it raises, keep its batch on disk and run it again after a backoff."""
+        delay = self.conf.restart_backoff_s
+        while True:
+            started = time.monotonic()
+            try:
+                self._run()
+                return
+            except Exception as err:  # noqa: BLE001 - whatever it was, the emitter must go on
+                self._count("restarts")
+                self.last_error = f"emitter thread: {type(err).__name__}: {err}"[:500]
+                self._state = "restarting"
+                held, self._inflight = self._inflight, []
+                try:
+                    if held:
+                        self._spill(held, "spilled_failed")
+                    self._drop_producer()
+                except Exception as again:  # noqa: BLE001 - e.g. the disk is full: noted, the loop goes on
+                    self.last_error += f"; while recovering: {type(again).__name__}: {again}"[:300]
+                if time.monotonic() - started > 10 * self.conf.restart_backoff_max_s:
+                    delay = self.conf.restart_backoff_s  # it ran well for a while: start over
+                if self._stop.wait(delay):
+                    return
+                delay = min(2 * delay, self.conf.restart_backoff_max_s)
+                self._state = "running"
+
     def _run(self) -> None:
         next_replay = time.monotonic() + self.conf.replay_interval_s
+        next_sweep = time.monotonic() + min(1.0, self.conf.journal_sweep_s)  # soon: a restart may have lost events
         while not self._stop.is_set():
-            batch = self._take(self.conf.batch_size, wait=0.2)
+            batch = self._inflight = self._take(self.conf.batch_size, wait=0.2)
+            fault("emitter.batch")
             if batch:
-                failed = self._deliver(batch)
-                if failed:
-                    self._spill(failed, "spilled_failed")
-            if time.monotonic() >= next_replay:
-                next_replay = time.monotonic() + self.conf.replay_interval_s
-                if self._queue.qsize() < self.conf.batch_size and time.monotonic() >= self._down_until:
+                self._send_or_spill(batch)
+            self._inflight = []
+            now = time.monotonic()
+            if now >= next_replay:
+                next_replay = now + self.conf.replay_interval_s
+                if self._queue.qsize() < self.conf.batch_size and now >= self._down_until:
                     self.replay()
-        batch = self._take(10 ** 9, wait=0)  # stopping: one last try, then spill
+            if self.journal is not None and now >= next_sweep:
+                next_sweep = now + self.conf.journal_sweep_s
+                self.sweep_journal()
+        batch = self._inflight = self._take(10 ** 9, wait=0)  # stopping: one last try, then spill
         if batch:
-            failed = self._deliver(batch)
-            if failed:
-                self._spill(failed, "spilled_failed")
+            self._send_or_spill(batch)
+        self._inflight = []
+
+    def _send_or_spill(self, batch: list[dict]) -> None:
+        failed = self._deliver(batch)
+        if failed:
+            self._spill(failed, "spilled_failed")
 
     def _get_producer(self):
         if self._producer is None:
@@ -153,7 +223,7 @@ class Emitter:
                 if len(value) > self.cfg.ingest.max_event_bytes:
                     raise ValidationError("oversize", f"{len(value)} bytes > ingest.max_event_bytes")
                 out.append((e, key, value))
-            except (ValidationError, KeyError, TypeError, ValueError) as err:
+            except Exception as err:  # noqa: BLE001 - any event the contract cannot encode is rejected
                 self._reject(e, f"{type(err).__name__}: {err}")
         return out
 
@@ -168,10 +238,13 @@ class Emitter:
         if not good or time.monotonic() < self._down_until:
             return [e for e, _, _ in good]
         by_id = {e["event_id"]: e for e, _, _ in good}
+        sent: list[tuple[Any, bytes]] = []
+        cluster = None
         try:
             producer = self._get_producer()
+            cluster = producer._producer._metadata  # kept: a failure below drops the producer
             for e, key, value in good:
-                producer.send_raw(key, value, e["event_id"])
+                sent.append((producer.send_raw(key, value, e["event_id"]), value))
             producer.flush(timeout=self.conf.delivery_timeout_s)
             self._count(counter, len(good))
             return []
@@ -183,6 +256,62 @@ class Emitter:
         except Exception as err:  # noqa: BLE001 - no broker, metadata or flush timeout: all waits on disk
             self._kafka_down(err)
             return list(by_id.values())
+        finally:
+            self._journal_delivered(sent, cluster)
+
+    def _journal_delivered(self, sent: list[tuple[Any, bytes]], cluster: Any) -> None:
+        """Journal the events Kafka acknowledged, with the coordinates it gave them."""
+        if self.journal is None or not sent:
+            return
+        ids: dict[str, str] = {}
+        rows = []
+        for future, value in sent:
+            if future.succeeded():
+                md = future.value
+                if md.topic not in ids:
+                    tid = cluster.topic_id(md.topic)
+                    ids[md.topic] = str(tid) if tid else ""
+                rows.append((md.topic, ids[md.topic], md.partition, md.offset, value))
+        self.journal.append(rows)
+        self._count("journaled", len(rows))
+        self._journal_size = self.journal.size()
+
+    def sweep_journal(self) -> int:
+        """Delete what the lake holds; re-send what a restarted broker lost. Returns how many were re-sent."""
+        assert self.journal is not None
+        resend = self.journal.sweep(self._topic_ids() if time.monotonic() >= self._down_until else None)
+        done = 0
+        for item in resend:
+            if not self._resend(item):
+                break
+            done += len(item.events)
+        self._journal_size = self.journal.size()
+        return done
+
+    def _resend(self, item: Resend) -> bool:
+        for start in range(0, len(item.events), self.conf.batch_size):
+            if self._deliver(item.events[start:start + self.conf.batch_size], "resent"):
+                return False  # Kafka is down again: the segment stays as it is, a later sweep retries
+        self.journal.settle(item)
+        return True
+
+    def _topic_ids(self) -> dict[str, str] | None:
+        """The broker's current id of our topic, fresh from a metadata request; None if unknown."""
+        topic = self.cfg.kafka.topic
+        try:
+            cluster = self._get_producer()._producer._metadata
+            cluster.add_topic(topic)
+            update = cluster.request_update()
+            deadline = time.monotonic() + self.conf.delivery_timeout_s
+            while not update.is_done and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not update.succeeded() or cluster.partitions_for_topic(topic) is None:
+                return None
+        except Exception as err:  # noqa: BLE001 - no broker: nothing is re-sent now
+            self._kafka_down(err)
+            return None
+        tid = cluster.topic_id(topic)
+        return {topic: str(tid) if tid else ""}
 
     def _kafka_down(self, err: BaseException) -> None:
         """Count the failure, back off, and drop the producer: a broker that comes back may be a
@@ -190,24 +319,71 @@ class Emitter:
         self._count("kafka_errors")
         self._down_until = time.monotonic() + self.conf.retry_backoff_s
         self.last_error = f"{type(err).__name__}: {err}"[:500]
+        self._drop_producer()
+
+    def _drop_producer(self) -> None:
         if self._producer is not None:
             _discard(self._producer._producer)
             self._producer = None
 
-    def _reject(self, event: dict, reason: str) -> None:
+    def _reject(self, event: Any, reason: str) -> None:
         self._count("rejected")
-        with self._spill_lock, open(self.spill_dir / "rejected.jsonl", "a") as fh:
-            fh.write(json.dumps({"reason": reason, "event": event}, default=str) + "\n")
+        self._append("rejected.jsonl", {"reason": reason, "event": event})
+
+    def _corrupt(self, path: Path, number: int, line: str, reason: str) -> None:
+        """Move one unreadable line aside: kept for a person to look at, never replayed."""
+        self._count("corrupt_lines")
+        self._append("corrupt.jsonl", {"file": path.name, "line": number, "reason": reason, "text": line[:1 << 20]})
+
+    def _append(self, name: str, record: dict) -> None:
+        line = _json_line(record) or _json_line({**record, "event": _describe(record.get("event"))})
+        with self._spill_lock, open(self.spill_dir / name, "a") as fh:
+            fh.write(line or "{}\n")
 
     # -- spill files --------------------------------------------------------------------------
 
     def _segment_path(self) -> Path:
-        return self.spill_dir / f"spill-{os.getpid()}-{self._segment:06d}.jsonl"
+        return self.spill_dir / f"{self._spill_name}{self._segment:06d}.jsonl"
+
+    def _spill_files(self) -> list[Path]:
+        return sorted(self.spill_dir.glob("spill-*.jsonl"))
 
     def _spill(self, events: list[dict], counter: str) -> None:
+        lines = []
+        for e in events:
+            line = _json_line(e)
+            if line is None:
+                self._reject(e, "not serializable as JSON")
+            else:
+                lines.append(line)
         with self._spill_lock, open(self._segment_path(), "a") as fh:
-            fh.write("".join(json.dumps(e, default=str) + "\n" for e in events))
-        self._count(counter, len(events))
+            fh.write("".join(lines))
+        self._count(counter, len(lines))
+
+    def _read_spill(self, path: Path) -> list[dict]:
+        """The events of a spill file; a line that is not one JSON object is moved aside."""
+        events, bad = [], False
+        for number, line in enumerate(path.read_text(errors="surrogateescape").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise ValueError(f"a JSON {type(event).__name__}, not an event object")
+                events.append(event)
+            except (ValueError, RecursionError) as err:
+                self._corrupt(path, number, line.encode(errors="surrogateescape").decode(errors="replace"),
+                              f"spill: {type(err).__name__}: {err}"[:300])
+                bad = True
+        if bad:
+            self._rewrite_spill(path, events)
+        return events
+
+    @staticmethod
+    def _rewrite_spill(path: Path, events: list[dict]) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(_json_line(e) or "" for e in events))
+        os.replace(tmp, path)
 
     def replay(self) -> int:
         """Send spilled events again, oldest file first; return how many were delivered.
@@ -218,22 +394,42 @@ class Emitter:
         with self._spill_lock:
             if self._segment_path().exists():
                 self._segment += 1  # close the open segment: new spills go to a new file
-            files = sorted(self.spill_dir.glob("spill-*.jsonl"))
+            files = self._spill_files()
         done = 0
         for path in files:
-            events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            events = self._read_spill(path)
             for start in range(0, len(events), self.conf.batch_size):
                 chunk = events[start:start + self.conf.batch_size]
                 failed = self._deliver(chunk, "replayed")
                 if failed:  # keep what is left of this file, try again later
-                    rest = failed + events[start + len(chunk):]
-                    tmp = path.with_suffix(".tmp")
-                    tmp.write_text("".join(json.dumps(e) + "\n" for e in rest))
-                    os.replace(tmp, path)
+                    self._rewrite_spill(path, failed + events[start + len(chunk):])
                     return done + len(chunk) - len(failed)
                 done += len(chunk)
             path.unlink()
         return done
+
+
+def _json_line(obj: Any) -> str | None:
+    """One JSON line (ASCII: a lone surrogate is escaped, never written raw), or None."""
+    try:
+        return json.dumps(obj, default=str) + "\n"
+    except (ValueError, TypeError, RecursionError):
+        return None
+
+
+def _describe(value: Any) -> str:
+    """A bounded repr for an event JSON cannot write (too deep, not serializable)."""
+    try:
+        return repr(value)[:1 << 16]
+    except Exception:  # noqa: BLE001 - RecursionError and whatever a foreign __repr__ raises
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _discard(producer: Any) -> None:

@@ -120,3 +120,73 @@ def test_spill_left_by_an_earlier_process_is_replayed(cfg, tmp_path):
     assert wait_for(lambda: em.stats()["replayed"] == len(old))
     em.close()
     assert consumed_ids(cfg, len(old)) >= {e["event_id"] for e in old}
+
+
+def test_torn_and_garbled_spill_lines_are_moved_aside_and_the_rest_replayed(cfg, tmp_path):
+    """A crash tore the last line of one spill file, the disk garbled a line in the middle of
+    another: every good event still arrives, each bad line is in corrupt.jsonl with its file and
+    line number, and the thread lives on."""
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    old = events(6, seed=11)
+    a, b = old[:len(old) // 2], old[len(old) // 2:]
+    torn = json.dumps(b[0])[:37]
+    (spill / "spill-1-000000.jsonl").write_text("".join(json.dumps(e) + "\n" for e in a) + torn)
+    garbage = "\x00\x01{not json" + "\n" + "[1, 2]"
+    lines = [json.dumps(e) for e in b[1:]]
+    (spill / "spill-2-000000.jsonl").write_bytes(
+        ("\n".join(lines[:1] + [garbage] + lines[1:]) + "\n").encode() + b"\xff\xfe{\n")
+    em = Emitter(cfg, spill, EmitterConfig(replay_interval_s=0.3), **FAST)
+    want = len(a) + len(b) - 1  # b[0] is the torn line
+    assert wait_for(lambda: em.stats()["replayed"] == want), em.stats()
+    assert wait_for(lambda: em.stats()["spill_files"] == 0, 10)
+    h = em.health()
+    assert h["state"] == "running" and h["corrupt_lines"] == 4 and h["restarts"] == 0, h
+    em.close()
+    got = consumed_ids(cfg, want)
+    assert got == {e["event_id"] for e in a + b[1:]}
+    moved = [json.loads(line) for line in (spill / "corrupt.jsonl").read_text().splitlines()]
+    assert sorted((m["file"], m["line"]) for m in moved) == [
+        ("spill-1-000000.jsonl", len(a) + 1), ("spill-2-000000.jsonl", 2), ("spill-2-000000.jsonl", 3),
+        ("spill-2-000000.jsonl", len(lines) + 3)]
+    assert any(m["text"] == torn for m in moved) and all(m["reason"].startswith("spill:") for m in moved)
+
+
+def test_the_thread_restarts_after_an_exception_and_loses_nothing(cfg, tmp_path, monkeypatch):
+    """An exception inside the emitter's loop (injected while it holds a batch) spills that
+    batch and restarts the thread with a backoff; health says so; delivery resumes."""
+    em = Emitter(cfg, tmp_path / "spill", EmitterConfig(replay_interval_s=0.3, restart_backoff_s=0.1,
+                                                        restart_backoff_max_s=0.4), **FAST)
+    monkeypatch.setenv("TRACERL_FAULT", "emitter.batch")
+    first = events(5, seed=21)
+    for e in first:
+        em.emit(e)
+    assert wait_for(lambda: em.stats()["restarts"] >= 3), em.stats()
+    h = em.health()
+    assert h["state"] in ("running", "restarting") and "InjectedFault" in h["last_error"], h
+    assert em.stats()["sent"] == 0 and em.stats()["spilled_failed"] >= 1
+    monkeypatch.delenv("TRACERL_FAULT")
+    later = events(5, seed=22)
+    for e in later:
+        em.emit(e)
+    total = {e["event_id"] for e in first + later}
+    assert wait_for(lambda: em.stats()["sent"] + em.stats()["replayed"] >= len(total)), em.stats()
+    assert wait_for(lambda: em.health()["state"] == "running", 5)
+    em.close()
+    assert consumed_ids(cfg, len(total)) == total
+    assert em.health()["state"] == "stopped"
+
+
+def test_an_event_that_cannot_be_encoded_is_rejected_not_fatal(cfg, tmp_path):
+    em = Emitter(cfg, tmp_path / "spill", EmitterConfig(queue_size=1), **FAST)
+    deep: dict = {}
+    node = deep
+    for _ in range(100_000):
+        node["x"] = node = {}
+    good = events(2, seed=5)
+    for e in [dict(good[0], extra=deep), *good]:
+        em.emit(e)
+    assert wait_for(lambda: em.stats()["sent"] + em.stats()["replayed"] >= len(good)), em.stats()
+    assert wait_for(lambda: em.stats()["rejected"] == 1), em.stats()
+    assert em.health()["state"] == "running" and em.stats()["restarts"] == 0
+    em.close()
