@@ -14,6 +14,10 @@ never swallowed: each `send` returns a future, an optional `on_error` callback
 sees every failure, and `flush()` raises `DeliveryError` listing what failed.
 The wire format is plain JSON keyed by trace id, so any Kafka client can
 produce the same messages.
+
+An acknowledged send is as durable as the broker: on the embedded in-memory
+broker (local use), events not yet ingested are lost when it stops. Unlike the
+gateway, this SDK keeps no journal; production uses a replicated cluster.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ in `<home>/run/kafka.json` (`services/process.py`), so a second start reuses it 
 stop ends only the process tracerl started. Tansu loses topics on restart, so start
 (re)creates the events topic. Nothing else relies on Tansu quirks: point
 `kafka.bootstrap_servers` at a real cluster and the same code runs.
+
+In memory means what the broker holds and ingest has not read yet dies with it. Events from the
+gateway survive that (its emitter journals each acknowledged event until the lake holds it, and
+re-sends those a restarted broker lost: `deploy/journal.py`); events from direct producers do
+not. The embedded broker is for local use: real deployments run a replicated Kafka cluster.
 """
 
 from __future__ import annotations

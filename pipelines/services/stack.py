@@ -1,6 +1,8 @@
 """The local stack, one service at a time or all together (`tracerl up` / `down` / `status`).
 
-Start order: Kafka, MLflow, vLLM, gateway, Dagster; stop goes in reverse. Each service
+Start order: Kafka, MLflow, vLLM, gateway, Dagster; stop goes in reverse, so the gateway hands its
+queue to Kafka (or its spill) before the broker stops, and comes back after it (its journal then
+re-sends what the in-memory broker lost, see `deploy/journal.py`). Each service
 records its PID and port under `<home>/run/`, so `down` stops only what tracerl started,
 and a service pointed elsewhere by the config (your Kafka cluster, your MLflow server) is
 reported as external and never started or stopped.
