@@ -14,11 +14,20 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
 - ``POST /v1/feedback`` (tenant key): ``{type: feedback|tool_call|session_end, trace_id, ...}``.
 - ``GET /v1/models`` (tenant key): this tenant's public names.
 - ``POST /admin/deploy {tenant, task, version, who?}``, ``POST /admin/rollback {tenant, task,
-  who?}``, ``GET /admin/swaps``, ``GET /admin/stats`` (admin key). ``GET /health``.
+  who?}``, ``GET /admin/swaps?limit=``, ``GET /admin/stats`` (admin key). ``GET /health`` (503
+  when the emitter is dead), ``GET /openapi.json`` (this API, generated from ``schemas.py``).
 
-Tenancy: a key belongs to one tenant; a tenant sees only its own routes, and trace ids are
-signed with the tenant (HMAC), so feedback for another tenant's trace is refused without any
-lookup table. Binds 127.0.0.1 unless ``GatewayConfig.host`` says otherwise.
+Validation at the door: every body is parsed as strict JSON (``json_body``: size, depth, finite
+numbers, encodable strings), checked against its schema (``schemas``), and the event it makes
+is checked by the contract validator and the event size limit *before* vLLM is called or the
+event is queued. What the emitter or ingest would refuse is a 4xx here, never accepted and
+dropped; every error is OpenAI's ``{"error": {message, type, param, code}}`` (``errors``).
+
+Tenancy: a key belongs to one tenant; a tenant sees only its own routes. Trace ids are signed
+with the tenant, and turn ids with the tenant and their trace (HMAC, a separate key), so
+feedback or a tool call naming another tenant's trace or turn, or a turn of another trace, is
+refused with 404 without any lookup table. Binds 127.0.0.1 unless ``GatewayConfig.host`` says
+otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -36,24 +46,32 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
+from pipelines.contract.validate import ValidationError, validate_event
+from pipelines.deploy import schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
 from pipelines.deploy.emitter import Emitter
+from pipelines.deploy.errors import ApiError, error_response, errors_as_json
 from pipelines.deploy.gateway_config import GatewayConfig  # noqa: F401 - re-exported
+from pipelines.deploy.json_body import parse_json
 from pipelines.deploy.routing import Router, UnknownModel
+from pipelines.deploy.schemas import ChatRequest, parse
 
-ROLES = {"system", "user", "assistant", "tool"}
+BYTES_PER_OUTPUT_TOKEN = 64    # an output token's share of the event: text, id, logprob (JSON)
+DEFAULT_OUTPUT_TOKENS = 4096   # the room kept for the output when the request sets no limit
+# event field -> request field, to name the client's field when the contract refuses an event
+_EVENT_TO_REQUEST = [(re.compile(r"^input_messages"), "messages"), (re.compile(r"^sampling\."), ""),
+                     (re.compile(r"^(trace_id|turn_index|app)\b"), r"tracerl.\1")]
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
+def _contract_param(err: ValidationError, chat: bool) -> str | None:
+    """The field a contract ValidationError names (its detail starts with the path)."""
+    m = re.match(r"[A-Za-z_][\w.\[\]]*", err.detail)
+    if not m or m.group(0) in ("message", "event", "an", "type"):
+        return None
+    param = {"rating": "value", "thumbs": "value"}.get(m.group(0), m.group(0))
+    for pattern, repl in _EVENT_TO_REQUEST if chat else []:
+        param = pattern.sub(repl, param)
+    return param
 
 
 class Gateway:
@@ -61,14 +79,18 @@ class Gateway:
                  secret: bytes, admin_key: str):
         self.gcfg, self.router, self.deployer, self.emitter = gcfg, router, deployer, emitter
         self._secret, self._admin_key = secret, admin_key
+        self._turn_secret = hmac.new(secret, b"tracerl turn ids", hashlib.sha256).digest()  # not a trace key
         self._tenant_of = {key: tenant for tenant, key in gcfg.api_keys.items()}
         self._next_upstream = itertools.cycle(deployer.upstreams)
         self._turns: OrderedDict[str, int] = OrderedDict()  # trace -> next turn index (bounded)
+        self._openapi = schemas.openapi()
+        self.max_event_bytes = emitter.cfg.ingest.max_event_bytes
         self.session: ClientSession | None = None
-        self.counts = {"requests": 0, "upstream_errors": 0, "client_disconnects": 0}
+        self.counts = {"requests": 0, "upstream_errors": 0, "client_disconnects": 0,
+                       "prompt_ids_dropped": 0}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=8 << 20)
+        app = web.Application(client_max_size=self.gcfg.max_body_bytes, middlewares=[errors_as_json])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/feedback", self.feedback)
         app.router.add_get("/v1/models", self.models)
@@ -77,6 +99,7 @@ class Gateway:
         app.router.add_get("/admin/swaps", self.admin_swaps)
         app.router.add_get("/admin/stats", self.admin_stats)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/openapi.json", self.openapi)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -89,7 +112,7 @@ class Gateway:
         if self.session is not None:
             await self.session.close()
 
-    # -- auth and trace ids -------------------------------------------------------------------
+    # -- auth, bodies, trace and turn ids -----------------------------------------------------
 
     def _key(self, request: web.Request) -> str:
         auth = request.headers.get("Authorization", "")
@@ -98,68 +121,102 @@ class Gateway:
     def _tenant(self, request: web.Request) -> str:
         key = self._key(request)
         tenant = self._tenant_of.get(key)
-        if tenant is None or not hmac.compare_digest(self.gcfg.api_keys[tenant], key):
-            raise web.HTTPUnauthorized(text=json.dumps({"error": {"message": "a tenant API key is required",
-                                                                  "type": "authentication_error"}}),
-                                       content_type="application/json")
+        if tenant is None or not hmac.compare_digest(self.gcfg.api_keys[tenant].encode(), key.encode()):
+            raise ApiError(401, "a tenant API key is required")
         return tenant
 
     def _admin(self, request: web.Request) -> None:
         if not hmac.compare_digest(self._key(request).encode(), self._admin_key.encode()):
-            raise web.HTTPForbidden(text=json.dumps({"error": {"message": "the admin key is required",
-                                                               "type": "permission_error"}}),
-                                    content_type="application/json")
+            raise ApiError(403, "the admin key is required")
+
+    async def _body(self, request: web.Request) -> Any:
+        """The JSON body, size- and depth-guarded; every client mistake is an ApiError 4xx."""
+        try:
+            raw = await request.read()  # over client_max_size: 413 through the middleware
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, f"request body is over the {self.gcfg.max_body_bytes}-byte limit "
+                                "(gateway.max_body_bytes)") from None
+        return parse_json(raw, self.gcfg.max_json_depth)
 
     def _sign(self, tenant: str, raw: str) -> str:
         return hmac.new(self._secret, f"{tenant}:{raw}".encode(), hashlib.sha256).hexdigest()[:16]
+
+    def _sign_turn(self, tenant: str, trace_id: str, raw: str) -> str:
+        return hmac.new(self._turn_secret, f"{tenant}:{trace_id}:{raw}".encode(), hashlib.sha256).hexdigest()[:16]
 
     def new_trace_id(self, tenant: str) -> str:
         raw = uuid.uuid4().hex
         return f"{raw}-{self._sign(tenant, raw)}"
 
+    def new_turn_id(self, tenant: str, trace_id: str) -> str:
+        """A turn id that proves which tenant's trace it belongs to, like trace ids do."""
+        raw = uuid.uuid4().hex
+        return f"{raw}-{self._sign_turn(tenant, trace_id, raw)}"
+
     def owns(self, tenant: str, trace_id: str) -> bool:
         raw, _, sig = str(trace_id).rpartition("-")
-        return bool(raw) and hmac.compare_digest(sig, self._sign(tenant, raw))
+        return bool(raw) and hmac.compare_digest(sig.encode(), self._sign(tenant, raw).encode())
 
-    def _turn_index(self, trace_id: str, given: Any) -> int:
-        index = int(given) if given is not None else self._turns.get(trace_id, 0)
+    def owns_turn(self, tenant: str, trace_id: str, turn_id: str) -> bool:
+        raw, _, sig = str(turn_id).rpartition("-")
+        return bool(raw) and hmac.compare_digest(sig.encode(), self._sign_turn(tenant, trace_id, raw).encode())
+
+    def _turn_index(self, trace_id: str, given: int | None) -> int:
+        index = given if given is not None else self._turns.get(trace_id, 0)
         self._turns[trace_id] = index + 1
         self._turns.move_to_end(trace_id)
         while len(self._turns) > 100_000:
             self._turns.popitem(last=False)
         return index
 
+    def _check_event(self, event: dict[str, Any], reserve: int = 0, chat: bool = False) -> None:
+        """What the emitter would refuse is refused now: the contract, and the size limit."""
+        from pipelines.ingest.producer import encode
+
+        try:
+            _, value, _ = encode(event)
+        except ValidationError as err:
+            raise ApiError(400, f"the {event['type']} this request makes is invalid: {err}",
+                           _contract_param(err, chat), code=err.reason) from None
+        if len(value) + reserve > self.max_event_bytes:
+            room = f" plus {reserve} bytes kept for the output" if reserve else ""
+            raise ApiError(413, f"the {event['type']} would be {len(value)} bytes{room}, over the "
+                                f"{self.max_event_bytes}-byte event limit (ingest.max_event_bytes)",
+                           "messages" if chat else None)
+
+    def _output_room(self, req: ChatRequest) -> int:
+        """Bytes kept free in the event for the output: per token asked for, at most half the limit."""
+        return min(BYTES_PER_OUTPUT_TOKEN * (req.output_tokens() or DEFAULT_OUTPUT_TOKENS), self.max_event_bytes // 2)
+
     # -- chat ---------------------------------------------------------------------------------
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         tenant = self._tenant(request)
+        req = parse(ChatRequest, await self._body(request))
+        ext = req.tracerl or schemas.TracerlExtension()
+        given_trace = ext.trace_id or request.headers.get("X-Tracerl-Trace-Id")
+        if given_trace and not self.owns(tenant, given_trace):
+            raise ApiError(404, f"trace {given_trace[:80]!r} is not one of this tenant's traces", "tracerl.trace_id")
         try:
-            body = await request.json()
-            assert isinstance(body, dict) and isinstance(body.get("messages"), list)
-        except (ValueError, AssertionError):
-            return _error(400, "body must be a JSON object with a 'messages' list")
-        ext = body.pop("tracerl", None) or {}
-        public = str(body.get("model", ""))
-        trace_id = ext.get("trace_id") or request.headers.get("X-Tracerl-Trace-Id")
-        if trace_id and not self.owns(tenant, trace_id):
-            return _error(404, f"trace {trace_id!r} is not one of this tenant's traces")
-        try:
-            lease = self.router.acquire(tenant, public)
+            lease = self.router.acquire(tenant, req.model)
         except UnknownModel:
-            return _error(404, f"model {public!r} does not exist for this key", "not_found_error")
+            raise ApiError(404, f"model {req.model!r} does not exist for this key", "model") from None
         self.counts["requests"] += 1
         try:
-            trace_id = trace_id or self.new_trace_id(tenant)
-            turn = {"trace_id": trace_id, "turn_id": uuid.uuid4().hex, "adapter_version": f"v{lease.version}",
-                    "turn_index": self._turn_index(trace_id, ext.get("turn_index")),
-                    "app": str(ext.get("app") or self.gcfg.app)}
-            want = {"logprobs": bool(body.get("logprobs")), "token_ids": bool(body.get("return_token_ids"))}
-            upstream = dict(body, model=lease.name, logprobs=True, return_token_ids=True)
+            trace_id = given_trace or self.new_trace_id(tenant)
+            turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
+                    "adapter_version": f"v{lease.version}", "turn_index": self._turn_index(trace_id, ext.turn_index),
+                    "app": ext.app or self.gcfg.app}
+            provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
+                                           finish=None, latency_ms=0.0)
+            self._check_event(provisional, self._output_room(req), chat=True)
+            want = {"logprobs": bool(req.logprobs), "token_ids": bool(req.return_token_ids)}
+            upstream = dict(req.upstream(), model=lease.name, logprobs=True, return_token_ids=True)
             url = next(self._next_upstream) + "/v1/chat/completions"
             headers = {"X-Tracerl-Trace-Id": trace_id, "X-Tracerl-Turn-Id": turn["turn_id"]}
-            if body.get("stream"):
-                return await self._stream(request, url, upstream, lease, turn, want, headers, public)
-            return await self._unary(url, upstream, lease, turn, want, headers, public)
+            if req.stream:
+                return await self._stream(request, url, upstream, lease, turn, req, want, headers)
+            return await self._unary(url, upstream, lease, turn, req, want, headers)
         finally:
             self.router.release(lease)
 
@@ -172,7 +229,17 @@ class Gateway:
         assert self.session is not None
         return self.session.post(url, json=body)
 
-    async def _unary(self, url, body, lease, turn, want, headers, public) -> web.Response:
+    async def _upstream_error(self, lease, status: int, data: Any, headers) -> web.Response:
+        """vLLM's 4xx goes to the client as is; its 5xx is the gateway's 502 (an upstream failure)."""
+        self._failed(lease)
+        if status < 500 and isinstance(data, dict) and isinstance(data.get("error"), dict):
+            return web.json_response(data, status=status, headers=headers)
+        message = data.get("error", {}).get("message") if isinstance(data, dict) and \
+            isinstance(data.get("error"), dict) else str(data)[:500]
+        return error_response(502 if status >= 500 else status, f"upstream vLLM answered {status}: {message}",
+                              headers=headers)
+
+    async def _unary(self, url, body, lease, turn, req, want, headers) -> web.Response:
         t0 = time.perf_counter()
         try:
             async with await self._post(url, body) as resp:
@@ -180,18 +247,17 @@ class Gateway:
                 status = resp.status
         except Exception as err:  # noqa: BLE001 - refused, reset, timeout: the client gets a 502
             self._failed(lease)
-            return _error(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
+            return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
         if status != 200:
-            self._failed(lease)
-            return web.json_response(data, status=status, headers=headers)
+            return await self._upstream_error(lease, status, data, headers)
         latency_ms = (time.perf_counter() - t0) * 1000
         choice = data["choices"][0]
         lps = [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
-        self._emit(lease, turn, body, text=choice["message"].get("content") or "",
+        self._emit(lease, turn, req, text=choice["message"].get("content") or "",
                    token_ids=list(choice.get("token_ids") or []), logprobs=lps,
                    prompt_ids=data.get("prompt_token_ids"), finish=choice.get("finish_reason"),
                    latency_ms=latency_ms)
-        data["model"] = public
+        data["model"] = req.model
         self._strip(data, want)
         data["tracerl"] = {k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")}
         return web.json_response(data, headers=headers)
@@ -206,7 +272,7 @@ class Gateway:
             if not want["token_ids"]:
                 c.pop("token_ids", None)
 
-    async def _stream(self, request, url, body, lease, turn, want, headers, public) -> web.StreamResponse:
+    async def _stream(self, request, url, body, lease, turn, req, want, headers) -> web.StreamResponse:
         t0 = time.perf_counter()
         text, ids, lps, prompt_ids, finish = [], [], [], None, None
         try:
@@ -214,11 +280,14 @@ class Gateway:
             up = await ctx.__aenter__()
         except Exception as err:  # noqa: BLE001
             self._failed(lease)
-            return _error(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
+            return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
         try:
             if up.status != 200:
-                self._failed(lease)
-                return web.json_response(await up.json(content_type=None), status=up.status, headers=headers)
+                try:
+                    data = await up.json(content_type=None)
+                except ValueError:
+                    data = await up.text()
+                return await self._upstream_error(lease, up.status, data, headers)
             resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache"})
             await resp.prepare(request)
@@ -236,7 +305,7 @@ class Gateway:
                     ids.extend(c.get("token_ids") or [])
                     lps.extend(t["logprob"] for t in (c.get("logprobs") or {}).get("content") or [])
                     finish = c.get("finish_reason") or finish
-                chunk["model"] = public
+                chunk["model"] = req.model
                 self._strip(chunk, want)
                 if first:
                     chunk["tracerl"] = {k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")}
@@ -252,52 +321,66 @@ class Gateway:
             raise
         finally:
             await ctx.__aexit__(None, None, None)
-        self._emit(lease, turn, body, text="".join(text), token_ids=ids, logprobs=lps, prompt_ids=prompt_ids,
+        self._emit(lease, turn, req, text="".join(text), token_ids=ids, logprobs=lps, prompt_ids=prompt_ids,
                    finish=finish, latency_ms=(time.perf_counter() - t0) * 1000)
         return resp
 
-    def _emit(self, lease, turn, body, *, text, token_ids, logprobs, prompt_ids, finish, latency_ms) -> None:
-        messages = [Message(role=m.get("role") if m.get("role") in ROLES else "system",
-                            content=_text(m.get("content")), name=m.get("name"),
-                            tool_call_id=m.get("tool_call_id"))
-                    for m in body["messages"] if isinstance(m, dict)]
-        sampling = Sampling(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                            top_k=body.get("top_k"), max_tokens=body.get("max_tokens") or body.get("max_completion_tokens"),
-                            seed=body.get("seed"))
-        event = ModelTurn(tenant=lease.tenant, app=turn["app"], trace_id=turn["trace_id"], task=lease.task,
-                          turn_id=turn["turn_id"], turn_index=turn["turn_index"], model=lease.name,
-                          adapter_version=turn["adapter_version"], input_messages=messages, output_text=text,
-                          output_token_ids=token_ids, output_logprobs=logprobs, prompt_token_ids=prompt_ids,
-                          sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2))
-        self.emitter.emit(event.to_dict())
+    def _turn_event(self, lease, turn, req: ChatRequest, *, text, token_ids, logprobs, prompt_ids, finish,
+                    latency_ms) -> dict[str, Any]:
+        messages = [Message(role=m.role, content=m.text(), name=m.name, tool_call_id=m.tool_call_id)
+                    for m in req.messages]
+        sampling = Sampling(temperature=1.0 if req.temperature is None else req.temperature,
+                            top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k,
+                            max_tokens=req.output_tokens(), seed=req.seed)
+        return ModelTurn(tenant=lease.tenant, app=turn["app"], trace_id=turn["trace_id"], task=lease.task,
+                         turn_id=turn["turn_id"], turn_index=turn["turn_index"], model=lease.name,
+                         adapter_version=turn["adapter_version"], input_messages=messages, output_text=text,
+                         output_token_ids=token_ids, output_logprobs=logprobs, prompt_token_ids=prompt_ids,
+                         sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2)).to_dict()
 
-    # -- feedback, models ---------------------------------------------------------------------
+    def _emit(self, lease, turn, req, **outputs) -> None:
+        """Record the served turn. Prompt ids are optional in the contract (the learner can
+        re-tokenize): they are the first thing left out of an event that would be oversize."""
+        event = self._turn_event(lease, turn, req, **outputs)
+        if event.get("prompt_token_ids") and len(json.dumps(event, separators=(",", ":"))) > self.max_event_bytes:
+            event.pop("prompt_token_ids")
+            self.counts["prompt_ids_dropped"] += 1
+        self.emitter.emit(event)
+
+    # -- feedback, models, health -------------------------------------------------------------
 
     async def feedback(self, request: web.Request) -> web.Response:
-        from pipelines.contract.validate import ValidationError, validate_event
-
         tenant = self._tenant(request)
-        try:
-            body = await request.json()
-            kind = body.pop("type", "feedback")
-            cls = EVENT_TYPES[kind]
-            assert kind != "model_turn"
-        except (ValueError, KeyError, AssertionError, AttributeError):
-            return _error(400, "body must be a JSON object with type feedback, tool_call or session_end")
-        if not self.owns(tenant, body.get("trace_id", "")):
-            return _error(404, f"trace {body.get('trace_id')!r} is not one of this tenant's traces")
-        body.pop("tenant", None)  # the key decides the tenant, never the body
-        body.setdefault("app", self.gcfg.app)
-        try:
-            event = cls(tenant=tenant, **body).to_dict()
-            validate_event(event)
-        except (TypeError, ValidationError) as err:
-            return _error(400, f"invalid {kind}: {err}")
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, f"body must be a JSON object, got {type(body).__name__}")
+        kind = body.setdefault("type", "feedback")
+        model = schemas.FEEDBACK_BODIES.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise ApiError(400, f"type must be one of {sorted(schemas.FEEDBACK_BODIES)}, got {str(kind)[:40]!r}",
+                           "type")
+        fields = parse(model, body).model_dump(exclude_none=True, exclude={"type"})
+        if fields.pop("tenant", tenant) != tenant:
+            raise ApiError(403, "tenant in the body is not this key's tenant (the key decides it)", "tenant")
+        trace_id = fields["trace_id"]
+        if not self.owns(tenant, trace_id):
+            raise ApiError(404, f"trace {trace_id[:80]!r} is not one of this tenant's traces", "trace_id")
+        if "turn_id" in fields and not self.owns_turn(tenant, trace_id, fields["turn_id"]):
+            raise ApiError(404, f"turn {fields['turn_id'][:80]!r} is not a turn of trace {trace_id[:80]!r}", "turn_id")
+        fields.setdefault("app", self.gcfg.app)
+        event = EVENT_TYPES[kind](tenant=tenant, **fields).to_dict()
+        self._check_event(event)
         self.emitter.emit(event)
         return web.json_response({"event_id": event["event_id"], "trace_id": event["trace_id"]}, status=202)
 
     async def health(self, _request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
+        """503 once the emitter is dead: turns would be served but not recorded."""
+        emitter = self.emitter.health()
+        ok = emitter.get("state") != "dead"
+        return web.json_response({"ok": ok, "emitter": emitter}, status=200 if ok else 503)
+
+    async def openapi(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._openapi)
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": self.router.public_models(self._tenant(request))})
@@ -306,17 +389,14 @@ class Gateway:
 
     async def _admin_swap(self, request: web.Request, action: str) -> web.Response:
         self._admin(request)
-        try:
-            body = await request.json()
-            tenant, task, who = str(body["tenant"]), str(body["task"]), str(body.get("who") or "admin")
-            args = (tenant, task, int(body["version"])) if action == "deploy" else (tenant, task)
-        except (ValueError, KeyError, TypeError):
-            return _error(400, "body needs tenant, task (and version for deploy)")
+        model = schemas.DeployRequest if action == "deploy" else schemas.RollbackRequest
+        req = parse(model, await self._body(request))
+        args = (req.tenant, req.task, req.version) if action == "deploy" else (req.tenant, req.task)
         fn = self.deployer.promote if action == "deploy" else self.deployer.rollback
         try:
-            record = await asyncio.to_thread(fn, *args, who)
+            record = await asyncio.to_thread(fn, *args, req.who or "admin")
         except DeployError as err:
-            return _error(409, str(err), "deploy_error")
+            raise ApiError(409, str(err), kind="deploy_error") from None
         return web.json_response(record)
 
     async def admin_deploy(self, request: web.Request) -> web.Response:
@@ -327,7 +407,8 @@ class Gateway:
 
     async def admin_swaps(self, request: web.Request) -> web.Response:
         self._admin(request)
-        return web.json_response(read_swaps(self.deployer.swaps_path, int(request.query.get("limit", 100))))
+        query = parse(schemas.SwapsQuery, dict(request.query))
+        return web.json_response(read_swaps(self.deployer.swaps_path, query.limit))
 
     async def admin_stats(self, request: web.Request) -> web.Response:
         self._admin(request)

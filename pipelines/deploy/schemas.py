@@ -1,0 +1,267 @@
+"""The gateway's request schemas (pydantic, strict) and the OpenAPI document built from them.
+
+Strict means a value of the wrong JSON type is refused, never coerced: ``max_tokens: "2"`` or
+``top_k: 5.0`` would otherwise be served, then recorded in a ModelTurn the contract rejects.
+
+Chat: the OpenAI fields the gateway serves and records. Unknown fields are a 400, not passed
+through: anything forwarded to vLLM could change the sampling distribution (``logit_bias``,
+``min_p``, guided decoding, ...) while the recorded ``Sampling`` would not say so, and the
+learner's off-policy correction would silently use the wrong behaviour policy. Add a field here
+(and to ``Sampling`` if it shapes sampling) to serve it. ``n`` is 1: one request, one turn.
+
+Feedback, tool calls, session ends: derived from the contract dataclasses in
+``pipelines.contract.events`` (one definition), minus ``tenant`` (the key decides it), with
+size limits per field; the gateway still runs ``validate_event`` on the event it builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model
+from pydantic import ValidationError as PydanticError
+
+from pipelines.contract.events import EVENT_TYPES, Event
+from pipelines.deploy.errors import ApiError
+
+MAX_ID = 256                 # trace, turn, event and call ids
+MAX_NAME = 128               # model names, app, who, tool names
+MAX_TEXT = 256 * 1024        # one message's content, a feedback text, a tool error
+INT32 = (-(2 ** 31), 2 ** 31 - 1)  # the lake's integer columns
+
+Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+# -- chat -----------------------------------------------------------------------------------------
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text | Annotated[list[TextPart], Field(max_length=256)]
+    name: Name | None = None
+    tool_call_id: Id | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class TracerlExtension(Strict):
+    """Continue a trace: its id (from an earlier response), this turn's index, the calling app."""
+
+    trace_id: Id | None = None
+    turn_index: Annotated[int, Field(ge=0, le=INT32[1])] | None = None
+    app: Name | None = None
+
+
+class ChatRequest(Strict):
+    model: Name
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)]
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=1 << 20)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2 ** 63 - 1)] | None = None
+    stream: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    return_token_ids: bool | None = None
+    n: Literal[1] | None = None
+    stop: (Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
+           | Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]],
+                       Field(max_length=4)] | None) = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    user: Name | None = None
+    tracerl: TracerlExtension | None = None
+
+    def output_tokens(self) -> int | None:
+        """What vLLM takes as the output limit (max_completion_tokens wins)."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def upstream(self) -> dict[str, Any]:
+        """The body for vLLM: what the client set, without our extension."""
+        return self.model_dump(exclude_none=True, exclude={"tracerl"})
+
+
+# -- feedback, tool calls, session ends: from the contract ---------------------------------------
+
+_LIMITS: dict[str, Any] = {"tenant": Ident, "trace_id": Id, "turn_id": Id, "event_id": Id, "call_id": Id, "app": Name,
+                           "name": Name, "task": Ident, "event_time": Name, "text": Text, "error": Text}
+
+
+def _field_type(name: str, hint: Any) -> Any:
+    """The contract's type hint with this gateway's limits (string sizes, int32 integers)."""
+    args = typing.get_args(hint)
+    base = args[0] if typing.get_origin(hint) in (Union, types.UnionType) and type(None) in args else hint
+    if name in _LIMITS:
+        return _LIMITS[name]
+    if base is int:
+        return Annotated[int, Field(ge=INT32[0], le=INT32[1])]
+    return base
+
+
+def _body_model(cls: type[Event]) -> type[Strict]:
+    """A request model for one event type: required fields stay required, the rest default to
+    None (= the contract's default, e.g. a fresh event_id); ``tenant`` may only repeat the key's."""
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Any] = {"type": (Literal[cls.type], cls.type) if cls.type == "feedback" else
+                              (Literal[cls.type], ...)}
+    for f in dataclasses.fields(cls):
+        typ = _field_type(f.name, hints[f.name])
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name in ("tenant", "app") or not required:
+            fields[f.name] = (typ | None, None)
+        else:
+            fields[f.name] = (typ, ...)
+    name = "".join(p.title() for p in cls.type.split("_")) + "Body"
+    return create_model(name, __base__=Strict, __doc__=(cls.__doc__ or "").split("\n")[0], **fields)
+
+
+FEEDBACK_BODIES: dict[str, type[Strict]] = {k: _body_model(c) for k, c in EVENT_TYPES.items() if k != "model_turn"}
+
+
+class FeedbackRequest(RootModel[Annotated[Union[tuple(FEEDBACK_BODIES.values())], Field(discriminator="type")]]):
+    """The body of ``POST /v1/feedback`` (for the OpenAPI document; ``type`` defaults to feedback)."""
+
+
+# -- admin ----------------------------------------------------------------------------------------
+
+class RollbackRequest(Strict):
+    tenant: Ident
+    task: Ident
+    who: Name | None = None
+
+
+class DeployRequest(RollbackRequest):
+    version: Annotated[int, Field(ge=1, le=INT32[1])]
+
+
+class SwapsQuery(BaseModel):
+    """Query strings are text: ``limit=5`` is read as the integer 5 (lax), ``limit=x`` is a 400."""
+
+    model_config = ConfigDict(extra="ignore")
+    limit: Annotated[int, Field(ge=1, le=100_000)] = 100
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+M = typing.TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], value: Any) -> M:
+    """``value`` as ``model``, or :class:`ApiError` 400 naming the first wrong field."""
+    try:
+        return model.model_validate(value)
+    except PydanticError as err:
+        first = err.errors(include_input=False, include_url=False)[0]
+        param = _param(first["loc"], keep_last=first["type"] == "extra_forbidden")
+        where = param or "body"
+        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+        raise ApiError(400, f"{where}: {first['msg']}{more}", param, code=first["type"]) from None
+
+
+def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
+    names: set[str] = set()
+    for m in models:
+        names |= set(m.model_fields)
+    return names
+
+
+_FIELDS = _field_names([TextPart, ChatMessage, TracerlExtension, ChatRequest, RollbackRequest, DeployRequest,
+                        SwapsQuery, *FEEDBACK_BODIES.values()])
+
+
+def _param(loc: tuple, keep_last: bool = False) -> str | None:
+    """pydantic's location (which names union members too, e.g. 'str') -> ``messages[0].content``;
+    ``keep_last`` keeps an unknown field's own name."""
+    out = ""
+    for i, p in enumerate(loc):
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p in _FIELDS or (keep_last and i == len(loc) - 1):
+            out += f".{p}" if out else p
+    return out or None
+
+
+# -- the OpenAPI document -------------------------------------------------------------------------
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _op(summary: str, auth: str | None, ok: int, body: str | None = None, errors: tuple[int, ...] = (),
+        params: list | None = None) -> dict:
+    codes = set(errors) | ({400, 413} if body else set()) | ({401} if auth == "tenantKey" else set()) | \
+        ({403} if auth == "adminKey" else set())
+    op: dict[str, Any] = {"summary": summary,
+                          "responses": {str(ok): {"description": "success", **_json({"type": "object"})},
+                                        **{str(c): {"description": "error", **_json(_ref("Error"))}
+                                           for c in sorted(codes)}}}
+    if ok == 200 and summary.startswith("List swap"):
+        op["responses"]["200"] = {"description": "success", **_json({"type": "array", "items": {"type": "object"}})}
+    if auth:
+        op["security"] = [{auth: []}]
+    if body:
+        op["requestBody"] = {"required": True, **_json(_ref(body))}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def openapi(version: str = "1") -> dict[str, Any]:
+    """OpenAPI 3.1 for every route, its request schemas generated from the models above."""
+    from pydantic.json_schema import models_json_schema
+
+    _, defs = models_json_schema([(m, "validation") for m in (ChatRequest, FeedbackRequest, DeployRequest,
+                                                                RollbackRequest)],
+                                 ref_template="#/components/schemas/{model}")
+    schemas = defs["$defs"]
+    schemas["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}}
+    limit = SwapsQuery.model_json_schema()["properties"]["limit"]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "tracerl gateway", "version": version,
+                 "description": "OpenAI-compatible chat that records every turn; feedback; admin."},
+        "components": {"schemas": schemas, "securitySchemes": {
+            "tenantKey": {"type": "http", "scheme": "bearer", "description": "a tenant's API key"},
+            "adminKey": {"type": "http", "scheme": "bearer", "description": "the admin key"}}},
+        "paths": {
+            "/v1/chat/completions": {"post": _op("Chat completion (JSON or SSE), recorded as a ModelTurn",
+                                                 "tenantKey", 200, "ChatRequest", (404, 502))},
+            "/v1/feedback": {"post": _op("Feedback, a tool call or a session end for one of this tenant's traces",
+                                         "tenantKey", 202, "FeedbackRequest", (403, 404))},
+            "/v1/models": {"get": _op("This tenant's public model names", "tenantKey", 200)},
+            "/admin/deploy": {"post": _op("Hot-swap a tenant/task to a published version", "adminKey", 200,
+                                          "DeployRequest", (409,))},
+            "/admin/rollback": {"post": _op("Swap a tenant/task back to its previous version", "adminKey", 200,
+                                            "RollbackRequest", (409,))},
+            "/admin/swaps": {"get": _op("List swap records, oldest first", "adminKey", 200, errors=(400,), params=[
+                {"name": "limit", "in": "query", "required": False, "schema": limit}])},
+            "/admin/stats": {"get": _op("Gateway, emitter and route counters", "adminKey", 200)},
+            "/health": {"get": _op("Liveness and the emitter's state", None, 200, errors=(503,))},
+            "/openapi.json": {"get": _op("This document", None, 200)},
+        },
+    }
