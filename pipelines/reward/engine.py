@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from pipelines.lake.store import EVENTS, Lake, Manifest
 from pipelines.reward.spec import SpecBook
-from pipelines.reward.sql import DUPLICATE_IDS, SIGNAL_SCHEMA, compute_sql, extract_sql, rewards_sql
+from pipelines.reward.sql import DUPLICATE_IDS, SIGNAL_SCHEMA, TRACE, compute_sql, extract_sql, rewards_sql
 
 REWARDS = "rewards"
 CORRECTIONS = "reward_corrections"
@@ -111,11 +111,12 @@ def compute(lake_root: Path, new_files: list[str], state: RewardState, book: Spe
     reg_cols = "turn_id, trace_id, tenant, app, task, turn_index, turn_time"
     settled_files = list((lake_root / REWARDS).rglob("*.parquet"))
     if settled_files:
+        # Settled turns of the traces at hand, by (tenant, trace): every signal names its turn in its trace.
         con.execute(f"""CREATE TEMP TABLE reg AS SELECT {reg_cols} FROM read_parquet(
                           '{lake_root / REWARDS}/**/*.parquet', hive_partitioning = true,
                           hive_types = {{'tenant': VARCHAR, 'date': DATE}}, union_by_name = true)
-                        WHERE trace_id IN (SELECT trace_id FROM new_sig UNION SELECT trace_id FROM pending)
-                           OR turn_id IN (SELECT turn_id FROM new_sig UNION SELECT turn_id FROM pending)""")
+                        SEMI JOIN (SELECT {TRACE} FROM new_sig UNION SELECT {TRACE} FROM pending) k
+                        USING ({TRACE})""")
     else:
         con.execute("""CREATE TEMP TABLE reg (turn_id VARCHAR, trace_id VARCHAR, tenant VARCHAR, app VARCHAR,
                        task VARCHAR, turn_index INTEGER, turn_time TIMESTAMPTZ)""")

@@ -5,6 +5,9 @@ It exists to check the SQL engine (tests compare them on random traffic, the
 benchmark on 1M events) and to make the semantics readable in one place.
 `compute` takes the same inputs as one engine run (new signals, pending
 signals, settled-turn registry) and returns the same four outputs.
+
+Keys carry the tenant, as in the SQL: a turn is (tenant, trace_id, turn_id),
+a trace (tenant, trace_id), an event (tenant, event_id).
 """
 
 from __future__ import annotations
@@ -84,6 +87,18 @@ def read_signals(files: Iterable[str]) -> list[dict[str, Any]]:
     return out
 
 
+def turn_key(s: dict) -> tuple:
+    return (s["tenant"], s["trace_id"], s["turn_id"])
+
+
+def trace_key(s: dict) -> tuple:
+    return (s["tenant"], s["trace_id"])
+
+
+def event_key(s: dict) -> tuple:
+    return (s["tenant"], s["event_id"])
+
+
 def _ord(s: dict) -> tuple:
     return (s["event_time"], s["ingested_at"], s["event_id"])
 
@@ -119,44 +134,46 @@ class Output:
 def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[dict] = (),
             registry: Iterable[dict] = ()) -> Output:
     spec = lambda tenant, task: book.resolve(tenant, task)  # noqa: E731
-    # 1. all signals, deduplicated by event_id: a pending copy wins, else the first to arrive.
-    sig: dict[str, dict] = {}
+    # 1. all signals, deduplicated per tenant by event_id: a pending copy wins, else the first to arrive.
+    sig: dict[tuple, dict] = {}
     for s in pending:
-        sig.setdefault(s["event_id"], {**s, "is_new": False})
+        sig.setdefault(event_key(s), {**s, "is_new": False})
     for s in sorted(new, key=lambda s: (s["ingested_at"], s["event_time"])):
-        sig.setdefault(s["event_id"], {**s, "is_new": True})
+        sig.setdefault(event_key(s), {**s, "is_new": True})
     by_type: dict[str, list[dict]] = defaultdict(list)
     for s in sig.values():
         by_type[s["type"]].append(s)
 
-    # 2. known turns: first arrival per turn id; settled turns of these traces from the registry.
-    reg = {r["turn_id"]: {**r, "settled_before": True} for r in registry}
-    turns: dict[str, dict] = dict(reg)
+    # 2. known turns: first arrival per turn; settled turns of these traces from the registry.
+    reg = {turn_key(r): {**r, "settled_before": True} for r in registry}
+    turns: dict[tuple, dict] = dict(reg)
     for s in sorted(by_type["model_turn"], key=lambda s: (s["ingested_at"], s["event_id"])):
-        if s["turn_id"] is not None and s["turn_id"] not in turns:
-            turns[s["turn_id"]] = {**s, "turn_time": s["event_time"], "settled_before": False}
-    last_index: dict[str, int] = {}
+        if s["turn_id"] is not None and turn_key(s) not in turns:
+            turns[turn_key(s)] = {**s, "turn_time": s["event_time"], "settled_before": False}
+    last_index: dict[tuple, int] = {}
     for t in turns.values():
         if t["turn_index"] is not None:
-            last_index[t["trace_id"]] = max(last_index.get(t["trace_id"], t["turn_index"]), t["turn_index"])
-    trace_turns: dict[str, list[dict]] = defaultdict(list)
+            k = trace_key(t)
+            last_index[k] = max(last_index.get(k, t["turn_index"]), t["turn_index"])
+    trace_turns: dict[tuple, list[dict]] = defaultdict(list)
     for t in turns.values():
-        trace_turns[t["trace_id"]].append(t)
+        trace_turns[trace_key(t)].append(t)
 
     # 3. per-turn feedback and tool calls, per-trace session end.
-    fb: dict[str, list[dict]] = defaultdict(list)
+    fb: dict[tuple, list[dict]] = defaultdict(list)
     for s in by_type["feedback"]:
-        fb[s["turn_id"]].append(s)
-    tools: dict[str, list[dict]] = defaultdict(list)
+        fb[turn_key(s)].append(s)
+    tools: dict[tuple, list[dict]] = defaultdict(list)
     for s in by_type["tool_call"]:
-        tools[s["turn_id"]].append(s)
-    session: dict[str, dict] = {}
+        tools[turn_key(s)].append(s)
+    session: dict[tuple, dict] = {}
     for s in by_type["session_end"]:
-        if s["trace_id"] not in session or _ord(s) > _ord(session[s["trace_id"]]):
-            session[s["trace_id"]] = s
+        k = trace_key(s)
+        if k not in session or _ord(s) > _ord(session[k]):
+            session[k] = s
 
     out = Output()
-    rows: dict[str, dict] = {}
+    rows: dict[tuple, dict] = {}
     for tid, t in turns.items():
         sp = spec(t["tenant"], t["task"])
         fs = sorted(fb.get(tid, []), key=_ord)
@@ -168,10 +185,10 @@ def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[di
         calls = tools.get(tid, [])
         keys = {c["call_id"] or c["event_id"] for c in calls}
         n_retries = len({c["call_id"] or c["event_id"] for c in calls if (c["attempt"] or 1) > 1})
-        se = session.get(t["trace_id"])
+        se = session.get(trace_key(t))
         share = None
-        if se is not None and t["turn_index"] is not None and t["trace_id"] in last_index:
-            share = rules.session_share(t["turn_index"], last_index[t["trace_id"]], sp)
+        if se is not None and t["turn_index"] is not None and trace_key(t) in last_index:
+            share = rules.session_share(t["turn_index"], last_index[trace_key(t)], sp)
         abandon, sess = rules.session_values(se["kind"], se["success"], sp) if se else (None, None)
         comp = {
             "thumbs": rules.thumbs(th["value"]) if th else None,
@@ -192,7 +209,7 @@ def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[di
         at_end = se["event_time"] + timedelta(seconds=sp.settle.session_end_grace_s) if se else None
         settle_at = min(window, at_end) if at_end is not None else window
         row = {"tenant": t["tenant"], "app": t["app"], "task": t["task"], "trace_id": t["trace_id"],
-               "turn_id": tid, "turn_index": t["turn_index"], "turn_time": t["turn_time"], **comp,
+               "turn_id": t["turn_id"], "turn_index": t["turn_index"], "turn_time": t["turn_time"], **comp,
                "dodge": dodge, "labelled": labelled, "total": total,
                "settled": not t["settled_before"] and settle_at <= now, "settle_at": settle_at,
                "settle_reason": "session_end" if at_end is not None and at_end < window else "window",
@@ -208,24 +225,24 @@ def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[di
                 "event_time": s["event_time"], "reason": reason, "component": component, "value": value,
                 "spec_version": version}
 
-    orphan_expired: dict[str, bool] = {}
+    orphan_expired: dict[tuple, bool] = {}
     for s in sig.values():
-        if s["type"] in ("feedback", "tool_call") and s["turn_id"] not in turns or \
-                s["type"] == "session_end" and s["trace_id"] not in trace_turns:
+        if s["type"] in ("feedback", "tool_call") and turn_key(s) not in turns or \
+                s["type"] == "session_end" and trace_key(s) not in trace_turns:
             sp = spec(s["tenant"], s["task"])
-            orphan_expired[s["event_id"]] = s["event_time"] + timedelta(seconds=sp.settle.window_s) <= now
+            orphan_expired[event_key(s)] = s["event_time"] + timedelta(seconds=sp.settle.window_s) <= now
     for s in sig.values():
         if not s["is_new"]:
             continue
-        if s["type"] != "session_end" and s["turn_id"] in rows and rows[s["turn_id"]]["_before"]:
-            t = turns[s["turn_id"]]
+        if s["type"] != "session_end" and turn_key(s) in rows and rows[turn_key(s)]["_before"]:
+            t = turns[turn_key(s)]
             out.corrections.append(correction(s, "after_settle", s["turn_id"],
                                               *signal_component(s, spec(t["tenant"], t["task"])),
-                                              rows[s["turn_id"]]["spec_version"]))
-        elif s["type"] == "session_end" and s["trace_id"] in trace_turns:
+                                              rows[turn_key(s)]["spec_version"]))
+        elif s["type"] == "session_end" and trace_key(s) in trace_turns:
             emitted = False
-            for t in trace_turns[s["trace_id"]]:
-                r = rows[t["turn_id"]]
+            for t in trace_turns[trace_key(s)]:
+                r = rows[turn_key(t)]
                 if not r["_before"] or r["_share"] is None:
                     continue
                 sp = spec(t["tenant"], t["task"])
@@ -234,23 +251,23 @@ def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[di
                         out.corrections.append(correction(s, "after_settle", t["turn_id"], comp, v * r["_share"],
                                                           r["spec_version"]))
                         emitted = True
-            if not emitted and all(rows[t["turn_id"]]["_before"] for t in trace_turns[s["trace_id"]]):
+            if not emitted and all(rows[turn_key(t)]["_before"] for t in trace_turns[trace_key(s)]):
                 out.corrections.append(correction(s, "after_settle", None, None, None,
                                                   spec(s["tenant"], s["task"]).version_id))
-    for eid, expired in orphan_expired.items():
+    for key, expired in orphan_expired.items():
         if expired:
-            s = sig[eid]
+            s = sig[key]
             sp = spec(s["tenant"], s["task"])
             out.corrections.append(correction(s, "unknown_turn", s["turn_id"], *signal_component(s, sp),
                                               sp.version_id))
 
     # 5. the next pending set.
-    open_turns = {r["turn_id"] for r in out.provisional}
-    open_traces = {r["trace_id"] for r in out.provisional}
+    open_turns = {turn_key(r) for r in out.provisional}
+    open_traces = {trace_key(r) for r in out.provisional}
     for s in sig.values():
-        keep = (s["type"] != "session_end" and s["turn_id"] in open_turns) or \
-               (s["type"] == "session_end" and s["trace_id"] in open_traces) or \
-               orphan_expired.get(s["event_id"]) is False
+        keep = (s["type"] != "session_end" and turn_key(s) in open_turns) or \
+               (s["type"] == "session_end" and trace_key(s) in open_traces) or \
+               orphan_expired.get(event_key(s)) is False
         if keep:
             out.pending.append({k: v for k, v in s.items() if k != "is_new"})
     for r in out.settled + out.provisional:

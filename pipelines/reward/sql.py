@@ -11,6 +11,11 @@ Two steps, both vectorized:
    and the next pending set. Session outcomes join per trace, feedback and
    tool calls per turn; one hash aggregate per family, no per-row Python.
 
+Every key carries the tenant: a turn is (tenant, trace_id, turn_id), a trace
+(tenant, trace_id), an event (tenant, event_id). Ids are chosen by clients, so
+a key without the tenant would let one tenant's events land on another's turns
+(its thumbs on their rewards) or shadow their events as duplicates.
+
 Inputs registered by the engine: `new_sig`, `pending` (SIGNAL_SCHEMA),
 `reg` (settled turns of the traces at hand, from the rewards dataset) and
 `params` (one row per tenant/task: `RewardSpec.params()`). The semantics are
@@ -89,11 +94,20 @@ _COMPONENTS = COMPONENTS  # the total sums in this order, as rules.combine does 
 _TOTAL = " + ".join(["0.0::DOUBLE"] + [f"coalesce(p.w_{c} * {c}, 0.0)" for c in _COMPONENTS])
 
 
-DUPLICATE_IDS = """SELECT
-  (SELECT count(*) FROM (SELECT event_id FROM (SELECT event_id FROM pending UNION ALL SELECT event_id FROM new_sig)
-                         GROUP BY event_id HAVING count(*) > 1)),
-  (SELECT count(*) FROM (SELECT turn_id FROM (SELECT turn_id FROM pending WHERE type = 'model_turn' UNION ALL
-                         SELECT turn_id FROM new_sig WHERE type = 'model_turn') GROUP BY turn_id HAVING count(*) > 1))"""
+TURN = "tenant, trace_id, turn_id"     # the key of a turn
+TRACE = "tenant, trace_id"              # the key of a trace (session ends)
+EVENT = "tenant, event_id"              # the key of an event (re-deliveries)
+
+DUPLICATE_IDS = f"""SELECT
+  (SELECT count(*) FROM (SELECT {EVENT} FROM (SELECT {EVENT} FROM pending UNION ALL SELECT {EVENT} FROM new_sig)
+                         GROUP BY ALL HAVING count(*) > 1)),
+  (SELECT count(*) FROM (SELECT {TURN} FROM (SELECT {TURN} FROM pending WHERE type = 'model_turn' UNION ALL
+                         SELECT {TURN} FROM new_sig WHERE type = 'model_turn') GROUP BY ALL HAVING count(*) > 1))"""
+
+
+def _on(a: str, b: str, key: str) -> str:
+    """`a.k = b.k AND ...` over the columns of `key` (a join condition on a composite key)."""
+    return " AND ".join(f"{a}.{k} = {b}.{k}" for k in key.split(", "))
 
 
 def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -> list[str]:
@@ -109,50 +123,52 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
     return [
         # All signals in play: pending first, so a re-delivered event keeps its first copy.
         f"""CREATE OR REPLACE TEMP TABLE sig AS SELECT * FROM ({union})
-            QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY is_new, ingested_at, event_time) = 1"""
+            QUALIFY row_number() OVER (PARTITION BY {EVENT} ORDER BY is_new, ingested_at, event_time) = 1"""
         if dedupe else f"CREATE OR REPLACE TEMP VIEW sig AS {union}",
-        # Known turns: the first arrival of each turn id (a window only when some id repeats).
+        # Known turns: the first arrival of each turn (a window only when some key repeats).
         f"""CREATE OR REPLACE TEMP TABLE turns0 AS
            SELECT turn_id, trace_id, tenant, app, task, turn_index, event_time AS turn_time,
                   latency_ms, out_chars, text_class
-           FROM sig WHERE type = 'model_turn' AND turn_id NOT IN (SELECT turn_id FROM reg)
-           {"QUALIFY row_number() OVER (PARTITION BY turn_id ORDER BY ingested_at, event_id) = 1"
+           FROM sig ANTI JOIN (SELECT {TURN} FROM reg) r USING ({TURN})
+           WHERE type = 'model_turn' AND turn_id IS NOT NULL
+           {f"QUALIFY row_number() OVER (PARTITION BY {TURN} ORDER BY ingested_at, event_id) = 1"
             if dedupe_turns else ""}""",
         # Feedback: last wins within each family, by (event_time, ingested_at, event_id).
-        """CREATE OR REPLACE TEMP TABLE fb AS
-           SELECT turn_id, thumbs_v, rating_v.v AS rating_value, rating_v.lo AS rating_lo, rating_v.hi AS rating_hi,
+        f"""CREATE OR REPLACE TEMP TABLE fb AS
+           SELECT {TURN}, thumbs_v, rating_v.v AS rating_value, rating_v.lo AS rating_lo, rating_v.hi AS rating_hi,
                   output_k, regen, follow_s FROM (
-           SELECT turn_id,
+           SELECT {TURN},
              arg_max(value, ord) FILTER (WHERE kind = 'thumbs' AND value <> 0) AS thumbs_v,
-             arg_max({'v': value, 'lo': scale_min, 'hi': scale_max}, ord)
+             arg_max({{'v': value, 'lo': scale_min, 'hi': scale_max}}, ord)
                  FILTER (WHERE kind = 'rating' AND value IS NOT NULL) AS rating_v,
              arg_max(kind, ord) FILTER (WHERE kind IN ('accept', 'edit', 'reject')) AS output_k,
              bool_or(kind = 'regenerate') AS regen,
              arg_max(sentiment, ord) FILTER (WHERE kind = 'follow_up'
                                              AND sentiment IN ('satisfied', 'dissatisfied')) AS follow_s
-           FROM (SELECT turn_id, kind, value, scale_min, scale_max, sentiment,
-                        {'t': event_time, 'i': ingested_at, 'e': event_id} AS ord
+           FROM (SELECT {TURN}, kind, value, scale_min, scale_max, sentiment,
+                        {{'t': event_time, 'i': ingested_at, 'e': event_id}} AS ord
                  FROM sig WHERE type = 'feedback')
-           GROUP BY turn_id)""",
+           GROUP BY {TURN})""",
         # Tool calls: the worst outcome wins (so duplicates cannot matter); a retry is counted
         # once per call_id, so a re-sent retry is one retry.
-        """CREATE OR REPLACE TEMP TABLE tl AS
-           SELECT turn_id, count(*) AS n_calls,
+        f"""CREATE OR REPLACE TEMP TABLE tl AS
+           SELECT {TURN}, count(*) AS n_calls,
              coalesce(len(list_distinct(list(coalesce(call_id, event_id)) FILTER (WHERE attempt > 1))), 0)
                  AS n_retries,
              bool_or(kind = 'ok') AS has_ok, bool_or(kind = 'timeout') AS has_timeout,
              bool_or(kind = 'error') AS has_error, bool_or(kind = 'invalid_arguments') AS has_invalid
-           FROM sig WHERE type = 'tool_call' GROUP BY turn_id""",
+           FROM sig WHERE type = 'tool_call' GROUP BY {TURN}""",
         # Session end: the last session_end event of the trace wins as a whole.
-        """CREATE OR REPLACE TEMP TABLE se AS
-           SELECT trace_id, s.outcome AS se_outcome, s.success AS se_success, s.at AS session_end_at FROM (
-             SELECT trace_id, arg_max({'outcome': kind, 'success': success, 'at': event_time},
-                                      {'t': event_time, 'i': ingested_at, 'e': event_id}) AS s
-             FROM sig WHERE type = 'session_end' GROUP BY trace_id)""",
+        f"""CREATE OR REPLACE TEMP TABLE se AS
+           SELECT {TRACE}, true AS has_se, s.outcome AS se_outcome, s.success AS se_success,
+                  s.at AS session_end_at FROM (
+             SELECT {TRACE}, arg_max({{'outcome': kind, 'success': success, 'at': event_time}},
+                                      {{'t': event_time, 'i': ingested_at, 'e': event_id}}) AS s
+             FROM sig WHERE type = 'session_end' GROUP BY {TRACE})""",
         # Known turns (new or open, plus already-settled turns of these traces) -> components.
         f"""CREATE OR REPLACE TEMP TABLE rw AS
            WITH turns AS (
-             SELECT *, false AS settled_before FROM turns0 LEFT JOIN fb USING (turn_id) LEFT JOIN tl USING (turn_id)
+             SELECT *, false AS settled_before FROM turns0 LEFT JOIN fb USING ({TURN}) LEFT JOIN tl USING ({TURN})
              UNION ALL BY NAME
              SELECT *, true AS settled_before FROM reg),
            rw0 AS (
@@ -167,7 +183,7 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
              CASE WHEN t.regen THEN p.v_regenerate END AS regenerate,
              CASE t.follow_s WHEN 'satisfied' THEN p.v_satisfied WHEN 'dissatisfied' THEN p.v_dissatisfied
                   END AS follow_up,
-             CASE WHEN se.trace_id IS NULL THEN NULL
+             CASE WHEN se.has_se IS NULL THEN NULL
                   WHEN p.credit_rule = 'last_turn' THEN CASE WHEN t.turn_index = tr.last_index THEN 1.0::DOUBLE END
                   WHEN p.credit_rule = 'uniform' THEN 1.0::DOUBLE
                   WHEN pow(p.gamma, tr.last_index - t.turn_index) >= p.min_share
@@ -188,10 +204,10 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
                   END AS dodge,
              p.dodge_cap, p.window_s, p.grace_s, {", ".join(f"p.w_{c}" for c in _COMPONENTS)}
            FROM turns t {spec_join.format('t')}
-           LEFT JOIN se USING (trace_id)
-           LEFT JOIN (SELECT trace_id, max(turn_index) AS last_index FROM (
-                        SELECT trace_id, turn_index FROM turns0 UNION ALL SELECT trace_id, turn_index FROM reg)
-                      GROUP BY trace_id) tr USING (trace_id)),
+           LEFT JOIN se ON {_on('se', 't', TRACE)}
+           LEFT JOIN (SELECT {TRACE}, max(turn_index) AS last_index FROM (
+                        SELECT {TRACE}, turn_index FROM turns0 UNION ALL SELECT {TRACE}, turn_index FROM reg)
+                      GROUP BY {TRACE}) tr ON {_on('tr', 't', TRACE)}),
            rw1 AS (
              SELECT *, (thumbs IS NOT NULL OR rating IS NOT NULL OR output IS NOT NULL
                         OR regenerate IS NOT NULL OR follow_up IS NOT NULL OR abandon IS NOT NULL
@@ -210,10 +226,10 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
         # Signals whose turn (or, for a session end, trace) is unknown: held for one window, then recorded.
         f"""CREATE OR REPLACE TEMP TABLE orphan AS
            WITH o AS (
-             SELECT * FROM sig ANTI JOIN (SELECT turn_id FROM rw) USING (turn_id)   -- a NULL turn_id is kept
+             SELECT * FROM sig ANTI JOIN (SELECT {TURN} FROM rw) r USING ({TURN})   -- a NULL turn_id is kept
              WHERE type IN ('feedback', 'tool_call')
              UNION ALL
-             SELECT * FROM sig ANTI JOIN (SELECT DISTINCT trace_id FROM rw) USING (trace_id)
+             SELECT * FROM sig ANTI JOIN (SELECT DISTINCT {TRACE} FROM rw) r USING ({TRACE})
              WHERE type = 'session_end')
            SELECT o.*, o.event_time + to_seconds(p.window_s) <= {now_lit} AS expired
            FROM o {spec_join.format('o')}""",
@@ -221,12 +237,12 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
            SELECT s.event_id, s.type AS event_type, s.kind, s.tenant, s.app, s.task, s.trace_id, s.turn_id,
                   s.event_time, 'after_settle' AS reason, {_SIGNAL_COMPONENT} AS component,
                   {_SIGNAL_VALUE} AS value, p.spec_version
-           FROM sig s JOIN rw ON rw.turn_id = s.turn_id AND rw.settled_before {spec_join.format('rw')}
+           FROM sig s JOIN rw ON {_on('rw', 's', TURN)} AND rw.settled_before {spec_join.format('rw')}
            WHERE s.is_new AND s.type IN ('feedback', 'tool_call', 'model_turn')
            UNION ALL
            SELECT s.event_id, s.type, s.kind, s.tenant, s.app, s.task, s.trace_id, rw.turn_id, s.event_time,
                   'after_settle', c.component, c.value, rw.spec_version
-           FROM sig s JOIN rw ON rw.trace_id = s.trace_id AND rw.settled_before AND rw.share IS NOT NULL
+           FROM sig s JOIN rw ON {_on('rw', 's', TRACE)} AND rw.settled_before AND rw.share IS NOT NULL
            {spec_join.format('rw')}
            CROSS JOIN LATERAL (SELECT * FROM (VALUES
                 ('abandon', CASE WHEN s.kind = 'abandoned' THEN p.v_abandoned * rw.share END),
@@ -239,21 +255,21 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
            SELECT s.event_id, s.type, s.kind, s.tenant, s.app, s.task, s.trace_id, NULL, s.event_time,
                   'after_settle', NULL, NULL, p.spec_version
            FROM sig s {spec_join.format('s')}
-           WHERE s.is_new AND s.type = 'session_end' AND s.trace_id IN (SELECT trace_id FROM reg)
-             AND s.trace_id NOT IN (SELECT trace_id FROM rw WHERE NOT settled_before)
-             AND NOT EXISTS (SELECT 1 FROM rw WHERE rw.trace_id = s.trace_id AND rw.settled_before
+           WHERE s.is_new AND s.type = 'session_end' AND EXISTS (SELECT 1 FROM reg WHERE {_on('reg', 's', TRACE)})
+             AND NOT EXISTS (SELECT 1 FROM rw WHERE {_on('rw', 's', TRACE)} AND NOT rw.settled_before)
+             AND NOT EXISTS (SELECT 1 FROM rw WHERE {_on('rw', 's', TRACE)} AND rw.settled_before
                              AND rw.share IS NOT NULL AND (s.kind = 'abandoned' OR s.success IS NOT NULL))
            UNION ALL
            SELECT s.event_id, s.type, s.kind, s.tenant, s.app, s.task, s.trace_id, s.turn_id, s.event_time,
                   'unknown_turn', {_SIGNAL_COMPONENT}, {_SIGNAL_VALUE}, p.spec_version
            FROM orphan s {spec_join.format('s')} WHERE s.expired""",
         # What the next run must see again: everything of turns still open, and young orphans.
-        """CREATE OR REPLACE TEMP TABLE next_pending AS
-           SELECT * EXCLUDE (is_new) FROM sig s SEMI JOIN (SELECT turn_id FROM rw WHERE open) o USING (turn_id)
+        f"""CREATE OR REPLACE TEMP TABLE next_pending AS
+           SELECT * EXCLUDE (is_new) FROM sig s SEMI JOIN (SELECT {TURN} FROM rw WHERE open) o USING ({TURN})
            WHERE s.type <> 'session_end'
            UNION ALL
-           SELECT * EXCLUDE (is_new) FROM sig s SEMI JOIN (SELECT DISTINCT trace_id FROM rw WHERE open) o
-                USING (trace_id)
+           SELECT * EXCLUDE (is_new) FROM sig s SEMI JOIN (SELECT DISTINCT {TRACE} FROM rw WHERE open) o
+                USING ({TRACE})
            WHERE s.type = 'session_end'
            UNION ALL
            SELECT * EXCLUDE (is_new, expired) FROM orphan WHERE NOT expired""",

@@ -147,11 +147,15 @@ def test_late_feedback_updates_until_settled_then_becomes_a_correction(lake_root
     assert (c["turn_id"], c["reason"], c["component"], c["value"]) == ("t1", "after_settle", "rating", 1.0)
 
 
-def test_late_feedback_with_a_wrong_trace_id_still_finds_its_settled_turn(lake_root):
+def test_feedback_names_its_turn_in_its_own_trace(lake_root):
+    """A turn is (tenant, trace, turn): feedback naming t1 from another trace is not t1's
+    (it is recorded as an unknown turn when its window has passed); from t1's own trace it is."""
     land(lake_root, [turn("t1")])
     run_rewards(lake_root, now=LATE)
     land(lake_root, [fb("t1", "reject", t=7 * 3600, trace_id="tr-other")])
-    assert run_rewards(lake_root, now=now(8 * 3600)).corrections == {"after_settle": 1}
+    assert run_rewards(lake_root, now=now(8 * 3600)).corrections == {"unknown_turn": 1}
+    land(lake_root, [fb("t1", "reject", t=10 * 3600)])
+    assert run_rewards(lake_root, now=now(11 * 3600)).corrections == {"after_settle": 1}
 
 
 def test_late_session_end_is_credited_as_corrections(lake_root):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import datetime, timedelta, timezone
 
@@ -36,6 +37,9 @@ def traffic(seed: int, n_traces: int) -> list:
     for e in rng.sample(turns, 10):                    # feedback for unknown turns
         extra.append(Feedback(tenant=e.tenant, app=e.app, task=e.task, trace_id=e.trace_id,
                               turn_id="ghost-" + e.turn_id, kind="thumbs", value=1, event_time=e.event_time))
+    tenants = sorted({e.tenant for e in events})
+    for e in rng.sample(events, 60):                   # the same ids (event, trace, turn) from another tenant
+        extra.append(dataclasses.replace(e, tenant=rng.choice([t for t in tenants if t != e.tenant])))
     for e in extra:
         events.insert(rng.randrange(len(events)), e)
     return events
@@ -44,12 +48,12 @@ def traffic(seed: int, n_traces: int) -> list:
 def comparable(rows: list[dict]) -> dict[str, tuple]:
     out = {}
     for r in rows:
-        out[r["turn_id"]] = tuple(round(r[k], 12) if isinstance(r[k], float) else r[k] for k in KEYS)
+        out[(r["tenant"], r["trace_id"], r["turn_id"])] = tuple(round(r[k], 12) if isinstance(r[k], float) else r[k] for k in KEYS)
     return out
 
 
 def corr_key(rows: list[dict]) -> list[tuple]:
-    return sorted((r["event_id"], r["turn_id"] or "", r["component"] or "", r["reason"],
+    return sorted((r["tenant"], r["event_id"], r["turn_id"] or "", r["component"] or "", r["reason"],
                    None if r["value"] is None else round(r["value"], 12), r["spec_version"]) for r in rows)
 
 
@@ -68,7 +72,8 @@ def test_engine_equals_reference_over_incremental_runs(lake_root, seed, book):
         assert comparable(got.settled.to_pylist()) == comparable(want.settled)
         assert comparable(got.provisional.to_pylist()) == comparable(want.provisional)
         assert corr_key(got.corrections.to_pylist()) == corr_key(want.corrections)
-        assert sorted(got.pending["event_id"].to_pylist()) == sorted(s["event_id"] for s in want.pending)
+        assert sorted(zip(got.pending["tenant"].to_pylist(), got.pending["event_id"].to_pylist())) == \
+            sorted((s["tenant"], s["event_id"]) for s in want.pending)
         pending = want.pending
         registry += want.settled
     assert got.settled.num_rows > 0 and len(registry) > 200
