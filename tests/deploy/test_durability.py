@@ -97,18 +97,22 @@ def test_acknowledged_events_survive_a_broker_restart(tmp_path, how):
 def test_journal_over_its_bound_drops_the_oldest_and_says_so(cfg, tmp_path):
     """A lake that never ingests cannot fill the gateway's disk: past journal_max_bytes the oldest
     segments go, counted, and health says the journal is over its bound."""
-    em = Emitter(cfg, tmp_path / "spill", EmitterConfig(journal=True, journal_sweep_s=0.3, journal_max_bytes=4096),
+    bound = 4096
+    em = Emitter(cfg, tmp_path / "spill", EmitterConfig(journal=True, journal_sweep_s=1.0, journal_max_bytes=bound),
                  **FAST)
+    seen: list[dict] = []
     try:
-        for seed in range(4):
+        for seed in range(8):  # ~5 KB a round, never ingested
             for e in events(5, seed=40 + seed):
                 em.emit(e)
             n = em.stats()["emitted"]
             assert wait_for(lambda: em.stats()["sent"] == n), em.stats()
-            time.sleep(0.4)  # one sweep: one closed segment per round
-        assert wait_for(lambda: em.health()["journal_dropped"] > 0, 10), em.health()
-        h = em.health()
-        assert h["journal_over_bound"] and h["journal_bytes"] <= 4096 + 64 * 1024, h
+            if wait_for(lambda: (h := em.health())["journal_over_bound"] and seen.append(h) is None, 0.6):
+                break
+        assert seen, em.health()
+        h = seen[0]
+        assert h["journal_dropped"] > 0 and h["journal_bytes"] <= bound + 64 * 1024, h
+        assert em.health()["journal_events"] < em.stats()["journaled"]
     finally:
         em.close()
 
