@@ -64,7 +64,7 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -
     rows = con.execute(f"""
         SELECT t.turn_id, t.task, t.prompt_token_ids, t.input_messages::VARCHAR, t.output_token_ids,
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
-        FROM turns t JOIN rewards r USING (turn_id)
+        FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND t.tenant = ? AND t.task = ?
           AND t.turn_id NOT IN (SELECT l.turn_id FROM {_ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
@@ -117,7 +117,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     parent_n = registry.adapter_for_alias(cfg, tenant, task, registry.CHAMPION)
     parent = store.get(tenant, task, parent_n) if parent_n else None
     base = resolve_base_model(cfg.train.base_model, cfg.home)
-    spec_versions = _spec_versions(cfg, [t.turn_id for t in turns])
+    spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in turns])
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, parent.path if parent else None, turns, cfg.train, Path(tmp) / "adapter",
                           seed=cfg.train.seed, current_version=parent_n or 0)
@@ -146,12 +146,12 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     return result
 
 
-def _spec_versions(cfg: TracerlConfig, turn_ids: list[str]) -> list[str]:
+def _spec_versions(cfg: TracerlConfig, tenant: str, turn_ids: list[str]) -> list[str]:
     con = connect(cfg.lake)
     con.register("_ids", pa.table({"turn_id": turn_ids}))
     return [r[0] for r in con.execute(
-        "SELECT DISTINCT spec_version FROM rewards WHERE settled AND turn_id IN (SELECT turn_id FROM _ids) "
-        "ORDER BY 1").fetchall()]
+        "SELECT DISTINCT spec_version FROM rewards WHERE settled AND tenant = ? "
+        "AND turn_id IN (SELECT turn_id FROM _ids) ORDER BY 1", [tenant]).fetchall()]
 
 
 def training_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:

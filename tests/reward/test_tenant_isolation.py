@@ -161,3 +161,17 @@ def test_two_tenants_with_the_same_event_id_in_one_batch_both_count(lake_root):
     con = register_views(duckdb.connect(), lake_root)
     got = con.execute("SELECT tenant, turn_id, thumbs, total FROM rewards ORDER BY tenant").fetchall()
     assert got == [(A, "t1", 1.0, 1.0), (B, "t1", -1.0, -1.0)]
+
+
+def test_the_learner_reads_a_reward_of_its_own_tenant_for_each_turn(tmp_path):
+    """B's settled turn under A's (trace, turn) ids, with the later reward, never feeds A's learner."""
+    from pipelines.config import TracerlConfig
+    from pipelines.train.run import new_training_turns
+
+    cfg = TracerlConfig(home=tmp_path / "home")
+    land(cfg.lake, [turn("t1", tenant=A), fb("t1", "thumbs", value=1, tenant=A)])
+    run_rewards(cfg.lake, SpecBook(), now=NOWS[-1])
+    land(cfg.lake, [turn("t1", tenant=B), fb("t1", "thumbs", value=-1, tenant=B)])
+    run_rewards(cfg.lake, SpecBook(), now=NOWS[-1])
+    assert [(t.turn_id, t.reward) for t in new_training_turns(cfg, A, "support", 10)] == [("t1", 1.0)]
+    assert [(t.turn_id, t.reward) for t in new_training_turns(cfg, B, "support", 10)] == [("t1", -1.0)]
