@@ -11,7 +11,7 @@ import time
 import pyarrow.dataset as ds
 import pytest
 
-from conftest import make_config
+from tests.conftest import make_config
 from pipelines.config import TracerlConfig
 from pipelines.deploy.emitter import Emitter, EmitterConfig
 from pipelines.ingest.run import run_ingest
