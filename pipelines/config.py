@@ -87,8 +87,20 @@ class IngestConfig:
     max_poll_records: int = 5000
     decode_workers: int = 2              # processes decoding JSON beside the poller; 0 = inline.
                                          # 2 measured best on 2 cores (bench/RESULTS.md)
+    decode_parallel_from: int = 2000     # smaller polled chunks decode inline (a worker costs a spawn)
     max_event_bytes: int = 1 << 20       # larger messages are quarantined as oversize
     quarantine_rate_limit: float = 0.05  # asset check fails above this share
+    # Direct Kafka producers: topic -> the one tenant allowed on it; an event on a mapped topic
+    # claiming another tenant is quarantined (`tenant_mismatch`). Empty: trust the event's tenant.
+    topic_tenants: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from pipelines.contract.validate import IDENT
+
+        for topic, tenant in self.topic_tenants.items():
+            if not isinstance(topic, str) or not isinstance(tenant, str) or not IDENT.fullmatch(tenant):
+                raise ValueError(f"ingest.topic_tenants: {topic!r} = {tenant!r}: expected a topic name "
+                                 f"mapped to a tenant id matching {IDENT.pattern}")
 
 
 @dataclass

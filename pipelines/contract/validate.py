@@ -4,6 +4,13 @@ Validators are compiled once from the dataclasses in `events.py` (their type
 hints are the schema), so ingest checks every message at a few microseconds
 each without a generic JSON-Schema engine on the hot path. Unknown fields are
 kept, never rejected: that is how newer producers add optional fields.
+
+Validation is *total*: for any input, `decode_message` and `validate_event`
+return a valid event or raise `ValidationError` (an unexpected failure inside
+the validator is reported as `internal_error`, never as another exception).
+And what passes is safe for every later reader, not only for Python: DuckDB's
+JSON parser, Arrow's column types and Parquet's timestamps (see
+`docs/trace-contract.md`, "What ingest accepts").
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import re
 import types
 import typing
 from array import array
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable, Literal
 
 from pipelines.contract.events import EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, Event, Feedback, ModelTurn
@@ -28,6 +35,19 @@ UNKNOWN_EVENT_TYPE = "unknown_event_type"
 MISSING_FIELD = "missing_field"
 WRONG_TYPE = "wrong_type"
 INVALID_VALUE = "invalid_value"
+TENANT_MISMATCH = "tenant_mismatch"  # an event claiming another tenant than its topic's (`ingest.topic_tenants`)
+INTERNAL_ERROR = "internal_error"    # a bug in tracerl, not in the message: the raw bytes are kept to replay it
+
+MAX_DEPTH = 32                       # objects and arrays nested in one event (json.loads recurses)
+# The UTC range of event_time: Parquet/Arrow timestamps and every Python date conversion hold it.
+TIME_MIN = datetime(1970, 1, 1, tzinfo=timezone.utc)
+TIME_MAX = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc)
+_I64_MIN, _I64_MAX = -2**63, 2**63 - 1
+_I32_MAX = 2**31 - 1
+# Counts and indexes the views read as INTEGER (int32).
+_INT32_FIELDS = ("turn_index", "attempt", "turns")
+# The SDK fills these at construction; other producers must send them (as the JSON Schema says).
+_WIRE_REQUIRED = frozenset({"event_id", "event_time", "schema_version"})
 
 
 class ValidationError(ValueError):
@@ -45,8 +65,17 @@ def _fail_type(path: str, want: str, got: Any) -> None:
 
 
 def _short(v: Any) -> str:
-    s = repr(v)
+    s = repr(v)  # ASCII-safe enough for a log line: repr escapes surrogates and control characters
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int and _I64_MIN <= v <= _I64_MAX
+
+
+def _is_num(v: Any) -> bool:
+    """A number a float64 column holds exactly enough: a finite float, or an int64."""
+    return (type(v) is float and v - v == 0.0) or _is_int(v)
 
 
 def _compile(hint: Any) -> tuple[Check, bool]:
@@ -70,31 +99,36 @@ def _compile(hint: Any) -> tuple[Check, bool]:
         return check, False
     if hint is int:
         def check(v, p):
-            if type(v) is not int:
-                _fail_type(p, "an integer", v)
+            if not _is_int(v):
+                _fail_type(p, "a 64-bit integer", v)
         return check, False
     if hint is float:
         def check(v, p):
-            if type(v) is not float and type(v) is not int:
-                _fail_type(p, "a number", v)
+            if not _is_num(v):
+                _fail_type(p, "a finite number", v)
         return check, False
     if origin is Literal:
         allowed = typing.get_args(hint)
         def check(v, p):
-            if v not in allowed or type(v) is bool:
+            if type(v) is not str or v not in allowed:
                 raise ValidationError(INVALID_VALUE, f"{p} must be one of {list(allowed)}, got {_short(v)}")
         return check, False
     if origin is list:
         (item,) = typing.get_args(hint)
         if item in (int, float):
-            code, want = ("q", "a list of integers") if item is int else ("d", "a list of numbers")
+            code, want, ok = ("q", "a list of 64-bit integers", _is_int) if item is int else (
+                "d", "a list of finite numbers", _is_num)
             def check(v, p):
                 if type(v) is not list:
                     _fail_type(p, want, v)
                 try:  # C-speed element check: a token list has hundreds of items
                     array(code, v)
+                    if item is int or _finite_sum(v):
+                        return
                 except (TypeError, OverflowError):
-                    _fail_type(p, want, next(x for x in v if not _is_num(x, item)))
+                    pass
+                i = next(i for i, x in enumerate(v) if not ok(x))
+                _fail_type(f"{p}[{i}]", want[10:-1], v[i])
             return check, False
         item_check, _ = _compile(item)
         def check(v, p):
@@ -114,18 +148,13 @@ def _compile(hint: Any) -> tuple[Check, bool]:
     raise TypeError(f"no validator for type hint {hint!r}")
 
 
-def _is_num(x: Any, item: type) -> bool:
-    if item is int:
-        return type(x) is int and -(2**63) <= x < 2**63
-    return type(x) in (int, float)
-
-
 def _compile_object(cls: type) -> Check:
     hints = typing.get_type_hints(cls)
     fields = []
     for f in dataclasses.fields(cls):
         check, nullable = _compile(hints[f.name])
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        required = (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                    or f.name in _WIRE_REQUIRED)
         fields.append((f.name, check, nullable, required))
 
     def check(v, p):
@@ -135,11 +164,87 @@ def _compile_object(cls: type) -> Check:
             x = v.get(name)
             path = f"{p}.{name}" if p else name
             if x is None:
-                if required and (name not in v or not nullable):
+                if required and (name not in v or not nullable or name in _WIRE_REQUIRED):
                     raise ValidationError(MISSING_FIELD, f"{path} is required")
                 continue
             fcheck(x, path)
     return check
+
+
+class _Bad(Exception):
+    """A failure deep in an event's JSON; collects its path on the way up."""
+
+    def __init__(self, reason: str, what: str):
+        self.reason, self.what, self.path = reason, what, []
+
+    def error(self) -> ValidationError:
+        path = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(self.path)).lstrip(".")
+        return ValidationError(self.reason, f"{_short(path) if path else 'the event'} {self.what}")
+
+
+def _scalar(x: Any) -> None:
+    t = type(x)
+    if t is str:
+        if not x.isascii():
+            try:
+                x.encode()
+            except UnicodeEncodeError as e:
+                raise _Bad(INVALID_VALUE, f"holds a lone surrogate \\u{ord(x[e.start]):04x} at character {e.start}: "
+                                          "strings must be valid Unicode") from None
+    elif t is float:
+        if x - x != 0.0:
+            raise _Bad(INVALID_VALUE, f"must be a finite number, got {x!r}")
+    elif t is int:
+        if not _I64_MIN <= x <= _I64_MAX:
+            try:
+                float(x)
+            except OverflowError:
+                raise _Bad(INVALID_VALUE, f"{_short(x)} does not fit a 64-bit float") from None
+    elif x is not None and t is not bool:
+        raise _Bad(WRONG_TYPE, f"is a {t.__name__}, not a JSON value")
+
+
+def _numbers(v: list) -> bool:
+    """Whether `v` is all finite numbers, at C speed (tokens and logprobs are long lists)."""
+    try:
+        array("q", v)
+        return True
+    except (TypeError, OverflowError):
+        pass
+    try:
+        array("d", v)
+    except (TypeError, OverflowError):
+        return False
+    return _finite_sum(v)
+
+
+def _finite_sum(v: list) -> bool:
+    """NaN and infinity survive a sum (a sum that overflows sends the list to the one-by-one check)."""
+    s = sum(v)
+    return s - s == 0.0
+
+
+def _walk(v: dict | list, depth: int) -> None:
+    """Every value below `v` is JSON that any reader can parse back (DuckDB, Arrow, Parquet):
+    string keys, strings without lone surrogates, finite numbers, bounded nesting."""
+    if depth > MAX_DEPTH:
+        raise _Bad(INVALID_VALUE, f"nests objects and arrays deeper than {MAX_DEPTH} levels")
+    items = v.items() if type(v) is dict else (() if _numbers(v) else enumerate(v))
+    for k, x in items:
+        t = type(x)
+        try:
+            if type(k) is str:
+                if not k.isascii():
+                    _scalar(k)
+            elif type(v) is dict:
+                raise _Bad(WRONG_TYPE, f"has the key {_short(k)}: object keys must be strings")
+            if t is dict or t is list or t is tuple:
+                _walk(x, depth + 1)
+            elif t is not str or not x.isascii():
+                _scalar(x)
+        except _Bad as bad:
+            bad.path.append(k)
+            raise
 
 
 def _check_turn(e: dict) -> None:
@@ -150,6 +255,15 @@ def _check_turn(e: dict) -> None:
             f"output_logprobs has {len(lps)} entries but output_token_ids has "
             f"{'none' if ids is None else len(ids)}: send one logprob per sampled token",
         )
+    for name in ("output_token_ids", "prompt_token_ids"):
+        tokens = e.get(name)
+        if tokens:
+            try:  # the views read token ids as INTEGER[]: 0 <= id < 2**31, at C speed
+                array("i", tokens), array("I", tokens)
+            except OverflowError:
+                i = next(i for i, x in enumerate(tokens) if not 0 <= x <= _I32_MAX)
+                raise ValidationError(INVALID_VALUE, f"{name}[{i}] = {tokens[i]} is not a token id "
+                                                     f"(0 to {_I32_MAX})") from None
 
 
 _FEEDBACK_NEEDS = {"thumbs": "value", "rating": "value", "edit": "text", "follow_up": "text"}
@@ -163,41 +277,54 @@ def _check_feedback(e: dict) -> None:
     if kind == "thumbs" and e["value"] not in (1, -1):
         raise ValidationError(INVALID_VALUE, f"thumbs value must be 1 (up) or -1 (down), got {_short(e['value'])}")
     if kind == "rating":
-        lo, hi = e.get("scale_min", 1), e.get("scale_max", 5)
+        lo, hi = e.get("scale_min"), e.get("scale_max")
+        lo, hi = 1 if lo is None else lo, 5 if hi is None else hi  # null = not sent: the default scale
         if not lo < hi or not lo <= e["value"] <= hi:
             raise ValidationError(INVALID_VALUE, f"rating {e['value']} is outside its scale [{lo}, {hi}]")
 
 
 _EXTRA: dict[type[Event], Callable[[dict], None]] = {ModelTurn: _check_turn, Feedback: _check_feedback}
-_VALIDATORS = {name: (_compile_object(cls), _EXTRA.get(cls)) for name, cls in EVENT_TYPES.items()}
+_VALIDATORS = {name: (_compile_object(cls), _EXTRA.get(cls), tuple(f for f in _INT32_FIELDS if f in fields))
+               for name, cls in EVENT_TYPES.items()
+               for fields in [{f.name for f in dataclasses.fields(cls)}]}
+# Fields each event type defines: ingest copies an envelope column (e.g. turn_id) only from these.
+FIELDS: dict[str, frozenset[str]] = {name: frozenset(f.name for f in dataclasses.fields(cls))
+                                     for name, cls in EVENT_TYPES.items()}
 
 
 # Tenant and task ids name lake partitions and adapter folders: keep them path-safe.
-_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _check_ident(obj: dict, name: str) -> None:
     v = obj.get(name)
-    if v is not None and not _IDENT.fullmatch(v):
-        raise ValidationError(INVALID_VALUE, f"{name} {_short(v)} must match {_IDENT.pattern} (letters, digits, . _ -)")
+    if v is not None and not IDENT.fullmatch(v):
+        raise ValidationError(INVALID_VALUE, f"{name} {_short(v)} must match {IDENT.pattern} (letters, digits, . _ -)")
 
 
 def parse_time(s: str) -> datetime:
+    """An event_time as an aware datetime within [TIME_MIN, TIME_MAX] once in UTC, or ValidationError."""
     try:
         t = datetime.fromisoformat(s)
-    except ValueError:
+    except (TypeError, ValueError):
         raise ValidationError(INVALID_VALUE, f"event_time {_short(s)} is not an RFC 3339 timestamp") from None
     if t.tzinfo is None:
         raise ValidationError(INVALID_VALUE, f"event_time {_short(s)} has no timezone: add 'Z' or an offset")
+    try:
+        utc = t.astimezone(timezone.utc)
+    except (OverflowError, ValueError):
+        utc = None  # year 1 with a positive offset, year 9999 with a negative one
+    if utc is None or not TIME_MIN <= utc <= TIME_MAX:
+        raise ValidationError(INVALID_VALUE, f"event_time {_short(s)} is outside {TIME_MIN:%Y-%m-%d} to "
+                                             f"{TIME_MAX:%Y-%m-%d} UTC")
     return t
 
 
-def validate_event(obj: Any) -> dict:
-    """Check one decoded event; return it unchanged or raise ValidationError."""
+def _validate(obj: Any) -> dict:
     if type(obj) is not dict:
         raise ValidationError(NOT_OBJECT, f"an event must be a JSON object, got {type(obj).__name__}")
     version = obj.get("schema_version")
-    if version not in SUPPORTED_SCHEMA_VERSIONS or type(version) is not int:
+    if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS:
         raise ValidationError(
             UNKNOWN_SCHEMA_VERSION,
             f"schema_version {_short(version)} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)})",
@@ -206,8 +333,16 @@ def validate_event(obj: Any) -> dict:
     entry = _VALIDATORS.get(kind) if type(kind) is str else None
     if entry is None:
         raise ValidationError(UNKNOWN_EVENT_TYPE, f"type {_short(kind)} is not one of {sorted(_VALIDATORS)}")
-    check, extra = entry
+    check, extra, int32_fields = entry
     check(obj, "")
+    try:
+        _walk(obj, 1)
+    except _Bad as bad:
+        raise bad.error() from None
+    for name in int32_fields:
+        n = obj.get(name)
+        if n is not None and not 0 <= n <= _I32_MAX:
+            raise ValidationError(INVALID_VALUE, f"{name} {n} is outside 0 to {_I32_MAX}")
     _check_ident(obj, "tenant")
     _check_ident(obj, "task")
     parse_time(obj["event_time"])
@@ -216,14 +351,55 @@ def validate_event(obj: Any) -> dict:
     return obj
 
 
-def decode_message(value: bytes | None, max_bytes: int) -> dict:
-    """Raw Kafka message value -> validated event dict, or ValidationError."""
+def validate_event(obj: Any) -> dict:
+    """Check one decoded event; return it unchanged or raise ValidationError (only that)."""
+    try:
+        return _validate(obj)
+    except ValidationError:
+        raise
+    except Exception as e:  # a validator bug must not become a stuck stream: report it, keep the bytes
+        raise ValidationError(INTERNAL_ERROR, f"the validator failed: {type(e).__name__}: {_short(str(e))}") from e
+
+
+def check_topic_tenant(event: dict, topic: str, topic_tenants: dict[str, str]) -> None:
+    """On a topic mapped to one tenant (`ingest.topic_tenants`), only that tenant's events are accepted."""
+    want = topic_tenants.get(topic)
+    if want is not None and event["tenant"] != want:
+        raise ValidationError(TENANT_MISMATCH, f"tenant {_short(event['tenant'])} may not produce to topic "
+                                               f"{_short(topic)}: it carries tenant {want!r} only")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object whose keys are unique: readers disagree on duplicates (Python keeps the last
+    value, DuckDB the first), so the value validated would not be the value read."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValidationError(INVALID_VALUE, f"key {_short(dup)} appears twice in one object")
+    return d
+
+
+def decode_message(value: Any, max_bytes: int) -> dict:
+    """Raw Kafka message value -> validated event dict, or ValidationError (only that)."""
     if value is None:
         raise ValidationError(NOT_JSON, "message has no value (tombstone)")
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise ValidationError(NOT_JSON, f"message value is a {type(value).__name__}, not bytes")
     if len(value) > max_bytes:
         raise ValidationError(OVERSIZE, f"message is {len(value)} bytes, over the {max_bytes}-byte limit")
+    try:  # strictly UTF-8: json.loads(bytes) would also take UTF-16/32 and a BOM, which the lake cannot store
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValidationError(NOT_JSON, f"value is not UTF-8: {e.reason} at byte {e.start}") from None
     try:
-        obj = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValidationError(NOT_JSON, f"value is not UTF-8 JSON: {e}") from None
+        obj = json.loads(text, object_pairs_hook=_unique_keys)
+    except ValidationError:
+        raise
+    except RecursionError:
+        raise ValidationError(INVALID_VALUE, f"value nests objects and arrays deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:  # JSONDecodeError (a BOM too), or an integer of over 4300 digits
+        raise ValidationError(NOT_JSON, f"value is not JSON: {_short(str(e))}") from None
+    except Exception as e:
+        raise ValidationError(INTERNAL_ERROR, f"JSON decoding failed: {type(e).__name__}: {_short(str(e))}") from e
     return validate_event(obj)

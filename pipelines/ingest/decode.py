@@ -9,14 +9,20 @@ are decoded inline and never start a process. Both paths run `decode_chunk`.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from pipelines.contract.validate import ValidationError, decode_message, parse_time
+from pipelines.contract.validate import (
+    FIELDS, INTERNAL_ERROR, ValidationError, check_topic_tenant, decode_message, parse_time,
+)
 from pipelines.ingest.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
 
 # Columns carried beside the stored schema until landing: hive partition keys
@@ -81,22 +87,72 @@ def hot_fields(e: dict) -> tuple:
     return (None,) * len(HOT_COLUMNS)
 
 
-def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int) -> tuple[pa.Table, pa.Table]:
+def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
+                 topic_tenants: dict[str, str] | None = None) -> tuple[pa.Table, pa.Table]:
+    """A chunk as (events, quarantine) tables; never raises, every message lands in one of them.
+
+    Each message is decoded on its own, and anything unexpected quarantines that message as
+    `internal_error`; if the events table still cannot be built, the rows that break it are
+    found by bisection and quarantined, so one message can never block the stream.
+    """
     rows, bad = [], []
     topic, part, first = chunk.topic, chunk.partition, chunk.first_row
+    tenants = topic_tenants or {}
     for i, value in enumerate(chunk.values):
         try:
             e = decode_message(value, max_bytes)
+            if tenants:
+                check_topic_tenant(e, topic, tenants)
+            rows.append(_event_row(e, value, topic, part, chunk.offsets[i], now_ms, run_id, first + i))
         except ValidationError as err:
-            ts = chunk.timestamps[i] if chunk.timestamps[i] and chunk.timestamps[i] > 0 else now_ms
-            bad.append((err.reason, str(err), value, chunk.keys[i], topic, part, chunk.offsets[i], ts, now_ms,
-                        run_id, datetime.fromtimestamp(ts / 1000, timezone.utc).date().isoformat(), first + i))
-            continue
-        t = parse_time(e["event_time"]).astimezone(timezone.utc)
-        rows.append((e["event_id"], e["type"], e["schema_version"], e["app"], e.get("task"), e["trace_id"],
-                     e.get("turn_id"), int(t.timestamp() * 1000), value, topic, part, chunk.offsets[i],
-                     now_ms, run_id, *hot_fields(e), e["tenant"], t.date().isoformat(), first + i))
-    return _table(rows, EVENTS_WITH_ROUTING), _table(bad, QUARANTINE_WITH_ROUTING)
+            bad.append(_bad_row(chunk, i, err.reason, str(err), now_ms, run_id))
+        except Exception as err:  # a bug of ours, not the producer's: keep the bytes, keep going
+            bad.append(_bad_row(chunk, i, INTERNAL_ERROR, f"decode failed: {type(err).__name__}: {err}", now_ms, run_id))
+    events, broken = _build(rows, EVENTS_WITH_ROUTING)
+    for row, err in broken:
+        bad.append(_bad_row(chunk, row[-1] - first, INTERNAL_ERROR,
+                            f"building the events table failed: {type(err).__name__}: {err}", now_ms, run_id))
+    bad.sort(key=lambda r: r[-1])
+    return events, _table(bad, QUARANTINE_WITH_ROUTING)
+
+
+def _event_row(e: dict, value: bytes, topic: str, part: int, offset: int, now_ms: int, run_id: str,
+               row: int) -> tuple:
+    t = parse_time(e["event_time"]).astimezone(timezone.utc)
+    turn_id = e.get("turn_id") if "turn_id" in FIELDS[e["type"]] else None  # an unknown field elsewhere
+    return (e["event_id"], e["type"], e["schema_version"], e["app"], e.get("task"), e["trace_id"],
+            turn_id, int(t.timestamp() * 1000), value, topic, part, offset,
+            now_ms, run_id, *hot_fields(e), e["tenant"], t.date().isoformat(), row)
+
+
+_TS_MAX = 253402300799999  # 9999-12-31T23:59:59.999Z in ms: the last instant a date partition can name
+
+
+def _bad_row(chunk: Chunk, i: int, reason: str, error: str, now_ms: int, run_id: str) -> tuple:
+    """A quarantine row that always builds: raw bytes as sent, text made valid UTF-8, a real timestamp."""
+    ts = chunk.timestamps[i]
+    if type(ts) is not int or not 0 < ts <= _TS_MAX:
+        ts = now_ms  # no timestamp, or a producer's CreateTime no date can hold
+    value, key = chunk.values[i], chunk.keys[i]
+    return (reason, error.encode("utf-8", "backslashreplace").decode(), _raw(value), _raw(key), chunk.topic,
+            chunk.partition, chunk.offsets[i], ts, now_ms, run_id,
+            datetime.fromtimestamp(ts / 1000, timezone.utc).date().isoformat(), chunk.first_row + i)
+
+
+def _raw(b) -> bytes | None:
+    return None if b is None else bytes(b) if isinstance(b, (bytes, bytearray, memoryview)) else repr(b).encode()
+
+
+def _build(rows: list[tuple], schema: pa.Schema) -> tuple[pa.Table, list[tuple[tuple, Exception]]]:
+    """The table of `rows`, and the rows (with their error) that make building it fail, found by bisection."""
+    try:
+        return _table(rows, schema), []
+    except Exception as err:
+        if len(rows) == 1:
+            return schema.empty_table(), [(rows[0], err)]
+    mid = len(rows) // 2
+    (left, lbad), (right, rbad) = _build(rows[:mid], schema), _build(rows[mid:], schema)
+    return pa.concat_tables([left, right]), lbad + rbad
 
 
 def _table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
@@ -111,10 +167,15 @@ def _table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
 
 
 class Decoder:
-    """Decodes chunks as they are polled; a worker process takes chunks >= `parallel_from`."""
+    """Decodes chunks as they are polled; a worker process takes chunks >= `parallel_from`.
 
-    def __init__(self, max_bytes: int, workers: int, run_id: str, now_ms: int, parallel_from: int = 2000):
-        self.args = (max_bytes, run_id, now_ms)
+    `topic_tenants` maps a topic to the one tenant allowed on it (`ingest.topic_tenants`);
+    events on a mapped topic that claim another tenant are quarantined as `tenant_mismatch`.
+    """
+
+    def __init__(self, max_bytes: int, workers: int, run_id: str, now_ms: int, parallel_from: int = 2000,
+                 topic_tenants: dict[str, str] | None = None):
+        self.args = (max_bytes, run_id, now_ms, dict(topic_tenants or {}))
         self.workers, self.parallel_from = workers, parallel_from
         self._pool: ProcessPoolExecutor | None = None
         self._parts: list = []
@@ -122,13 +183,22 @@ class Decoder:
     def submit(self, chunk: Chunk) -> None:
         if self.workers and len(chunk.values) >= self.parallel_from:
             if self._pool is None:  # spawn: never fork a process holding Kafka sockets and threads
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
-            self._parts.append(self._pool.submit(decode_chunk, chunk, *self.args))
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                                 initializer=die_with_parent, initargs=(os.getpid(),))
+            self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args), chunk))
         else:
-            self._parts.append(decode_chunk(chunk, *self.args))
+            self._parts.append((decode_chunk(chunk, *self.args), chunk))
+
+    def _result(self, part: tuple[pa.Table, pa.Table] | Future, chunk: Chunk) -> tuple[pa.Table, pa.Table]:
+        if not isinstance(part, Future):
+            return part
+        try:
+            return part.result()
+        except Exception:  # a worker died (killed, out of memory): decode its chunk here instead
+            return decode_chunk(chunk, *self.args)
 
     def results(self) -> tuple[pa.Table, pa.Table]:
-        parts = [p.result() if isinstance(p, Future) else p for p in self._parts]
+        parts = [self._result(p, chunk) for p, chunk in self._parts]
         events = pa.concat_tables([e for e, _ in parts]) if parts else EVENTS_WITH_ROUTING.empty_table()
         quarantine = pa.concat_tables([q for _, q in parts]) if parts else QUARANTINE_WITH_ROUTING.empty_table()
         return events, quarantine
@@ -136,3 +206,17 @@ class Decoder:
     def close(self) -> None:
         if self._pool:
             self._pool.shutdown(cancel_futures=True)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """Worker initializer: the kernel SIGKILLs this worker when the process that spawned it dies,
+    so a kill -9 of ingest leaves no orphan holding its pipes (and the multiprocessing resource
+    tracker, which exits when the last holder of its pipe closes it, goes too). The signal follows
+    the spawning *thread*: `Decoder` is used and closed within one thread (`run_ingest`)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)

@@ -66,13 +66,16 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
 
 
 def _extract(path: str, sql_type: str) -> str:
+    """SQL for one typed column. Defensive, so one bad row can never fail a whole query: the payload
+    is parsed with TRY_CAST (`_json`: NULL where malformed) and numbers are TRY_CAST (NULL where out
+    of range). Ingest's validation already keeps such rows out (`contract/validate.py`)."""
     if not path.startswith("$"):
         return path  # a stored hot column, already of this type
     if sql_type == "VARCHAR":
-        return f"json_extract_string(payload, '{path}')"
+        return f"json_extract_string(_json, '{path}')"
     if sql_type == "JSON":
-        return f"json_extract(payload, '{path}')"
-    return f"CAST(json_extract(payload, '{path}') AS {sql_type})"
+        return f"json_extract(_json, '{path}')"
+    return f"TRY_CAST(json_extract(_json, '{path}') AS {sql_type})"
 
 
 def _source(con: duckdb.DuckDBPyConnection, root: Path, dataset: str, schema: pa.Schema,
@@ -97,8 +100,8 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckd
     for view, (event_type, cols) in TYPED_VIEWS.items():
         typed = ", ".join(f"{_extract(path, t)} AS {name}" for name, path, t in cols)
         con.execute(
-            f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, payload::JSON AS payload "
-            f"FROM events WHERE type = '{event_type}'"
+            f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, _json AS payload "
+            f"FROM (SELECT *, TRY_CAST(payload AS JSON) AS _json FROM events WHERE type = '{event_type}')"
         )
     quarantine = _source(con, root, QUARANTINE, QUARANTINE_SCHEMA, {"date": "DATE"})
     con.execute(f"CREATE OR REPLACE VIEW quarantine AS SELECT * FROM {quarantine}")
