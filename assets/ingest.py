@@ -8,9 +8,10 @@ import dagster as dg
 
 from assets.resources import TracerlResource
 from pipelines.config import TracerlConfig
-from pipelines.ingest.run import run_ingest
+from pipelines.ingest.run import INTERNAL_ERROR, run_ingest
 
 QUARANTINE_CHECK = "quarantine_rate"
+ISOLATION_CHECK = "no_internal_errors"
 BOOTSTRAP_TIMEOUT_MS = 10_000  # an unreachable broker fails the observation after this long
 
 
@@ -111,7 +112,12 @@ class IngestRunConfig(dg.Config):
     description="Trace events consumed from Kafka and landed in the Parquet lake exactly once; "
                 "invalid messages land in the quarantine dataset with their reason.",
     check_specs=[dg.AssetCheckSpec(QUARANTINE_CHECK, asset="lake_events",
-                                   description="Share of this run's messages quarantined stays under the limit.")],
+                                   description="Share of this run's messages quarantined stays under the limit."),
+                 # Not blocking: the run landed every other message; the red check is for us, not the data.
+                 dg.AssetCheckSpec(ISOLATION_CHECK, asset="lake_events",
+                                   description="No message made decode raise. Red: the run isolated such "
+                                               "messages into the quarantine (reason internal_error) and landed "
+                                               "the rest; the decoder has a bug to fix.")],
     # Materialized by every ingest run (*/5; a run may take up to ingest.max_run_seconds = 10 min):
     # three missed runs warn, six fail.
     freshness_policy=dg.FreshnessPolicy.time_window(fail_window=timedelta(minutes=30),
@@ -124,6 +130,7 @@ def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig,
     context.log.info(f"ingest {r.run_id}: {r.landed} landed, {r.quarantined} quarantined, "
                      f"{r.duplicates} duplicates, kafka commit {r.kafka_commit}")
     limit = cfg.ingest.quarantine_rate_limit
+    internal = r.reasons.get(INTERNAL_ERROR, 0)
     return dg.MaterializeResult(
         metadata={
             "run_id": r.run_id,
@@ -136,6 +143,8 @@ def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig,
             "offsets_consumed": dg.MetadataValue.json(r.offsets),
             "files": dg.MetadataValue.json(r.files),
             "kafka_commit": r.kafka_commit,
+            "internal_errors": internal,
+            "decode_failure": r.isolated or "",
             "seconds": round(r.seconds, 2),
         },
         check_results=[dg.AssetCheckResult(
@@ -143,6 +152,11 @@ def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig,
             passed=r.quarantine_rate <= limit,
             severity=dg.AssetCheckSeverity.WARN,
             metadata={"quarantine_rate": r.quarantine_rate, "limit": limit, "reasons": dg.MetadataValue.json(r.reasons)},
+        ), dg.AssetCheckResult(
+            check_name=ISOLATION_CHECK,
+            passed=internal == 0,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"internal_errors": internal, "decode_failure": r.isolated or ""},
         )],
     )
 

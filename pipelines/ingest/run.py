@@ -8,8 +8,11 @@ Order of operations, and why it is exactly-once:
    one that crashed before committing to Kafka, or by a concurrent consumer);
 3. validate each record (decoded in a worker process while polling goes on,
    see `decode.py`); failures go to `quarantine` with their raw bytes;
-   valid events are de-duplicated by `event_id` (within the batch and against
-   the partitions they land in), so a producer's retry is one row;
+   valid events are de-duplicated by (tenant, `event_id`) (within the batch and
+   against the tenant's partitions they land in), so a producer's retry is one
+   row and one tenant's ids never hide another's events. Decode is total; if
+   a chunk still raises, it is bisected down to the messages that raise, which
+   are quarantined as `internal_error` while the rest lands (`BatchDecoder`);
 4. stage Parquet files (fsync), commit the manifest (atomic rename: the point
    of no return), move files into place;
 5. only then commit offsets to Kafka. A crash anywhere re-runs cleanly.
@@ -29,10 +32,13 @@ import pyarrow.dataset as ds
 
 from pipelines.config import TracerlConfig
 from pipelines.faults import failpoint
-from pipelines.ingest.decode import Chunk, Decoder
+from pipelines.ingest.decode import EVENTS_WITH_ROUTING, QUARANTINE_WITH_ROUTING, Chunk, Decoder, decode_chunk
 from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.services.kafka import client_options
+
+
+INTERNAL_ERROR = "internal_error"  # quarantine reason: decode raised where it should have answered
 
 
 class IngestError(RuntimeError):
@@ -45,7 +51,7 @@ class IngestResult:
     consumed: int = 0
     landed: int = 0
     quarantined: int = 0
-    duplicates: int = 0          # same event_id seen before: a producer retry
+    duplicates: int = 0          # same (tenant, event_id) seen before: a producer retry
     already_landed: int = 0      # offsets the lake already held (replay after a crash)
     reasons: dict[str, int] = field(default_factory=dict)
     offsets: dict[str, list[int]] = field(default_factory=dict)
@@ -55,6 +61,7 @@ class IngestResult:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # join, poll, land, commit (seconds)
     topic_ids: dict[str, str] = field(default_factory=dict)  # Kafka topic ids read (watermark identity)
+    isolated: str | None = None  # the decode failure that made this run bisect its batch, if any
 
     @property
     def quarantine_rate(self) -> float:
@@ -108,8 +115,76 @@ def topic_id_of(consumer: Any, topic: str) -> dict[str, str]:
     return {topic: str(tid)} if tid else {}
 
 
+class BatchDecoder:
+    """The batch's `Decoder`, made safe to fail. Decode is total by design; if a chunk still
+    raises (inline or in its worker) or a worker dies (the OOM killer), the batch is decoded
+    again inline, each failing chunk bisected down to the messages that raise: those are
+    quarantined as `internal_error` with the exception, the rest lands. Costs nothing while
+    decode succeeds (the chunks are references to records the batch holds anyway). A message
+    that crashes the interpreter itself (a segfault in a C extension) is not isolated."""
+
+    def __init__(self, decoder: Decoder, run_id: str, now_ms: int):
+        self.decoder, self.run_id, self.now_ms = decoder, run_id, now_ms
+        self.chunks: list[Chunk] = []
+        self.failure: str | None = None
+
+    def submit(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        if self.failure is None:
+            try:
+                self.decoder.submit(chunk)
+            except Exception as e:  # an inline decode raised, or the pool is broken: isolate at results()
+                self.failure = _text(f"{type(e).__name__}: {e}"[:500])
+
+    def results(self) -> tuple[pa.Table, pa.Table]:
+        if self.failure is None:
+            try:
+                return self.decoder.results()
+            except Exception as e:  # a worker's decode raised, or the worker died
+                self.failure = _text(f"{type(e).__name__}: {e}"[:500])
+        parts = [p for c in self.chunks for p in self._isolate(c)]
+        return (pa.concat_tables([e for e, _ in parts]) if parts else EVENTS_WITH_ROUTING.empty_table(),
+                pa.concat_tables([q for _, q in parts]) if parts else QUARANTINE_WITH_ROUTING.empty_table())
+
+    def _isolate(self, chunk: Chunk) -> list[tuple[pa.Table, pa.Table]]:
+        """`decode_chunk`, halving a chunk that raises until each message that raises is alone."""
+        try:
+            return [decode_chunk(chunk, *self.decoder.args)]
+        except Exception as e:
+            n = len(chunk.values)
+            if n == 1:
+                return [(EVENTS_WITH_ROUTING.empty_table(), _internal_error(chunk, e, self.run_id, self.now_ms))]
+            return [p for lo, hi in ((0, n // 2), (n // 2, n)) for p in self._isolate(_slice(chunk, lo, hi))]
+
+    def close(self) -> None:
+        self.decoder.close()
+
+
+def _text(s: str) -> str:
+    """Valid UTF-8 whatever the exception said (its message may quote a lone surrogate)."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _slice(c: Chunk, lo: int, hi: int) -> Chunk:
+    return Chunk(c.topic, c.partition, c.first_row + lo, c.offsets[lo:hi], c.timestamps[lo:hi], c.keys[lo:hi],
+                 c.values[lo:hi])
+
+
+def _internal_error(c: Chunk, e: Exception, run_id: str, now_ms: int) -> pa.Table:
+    """The quarantine row of one message that made decode raise."""
+    ts = c.timestamps[0] if c.timestamps[0] and 0 < c.timestamps[0] < 253402300800000 else now_ms
+    value, key = c.values[0], c.keys[0]
+    return pa.Table.from_pylist([{
+        "reason": INTERNAL_ERROR, "error": _text(f"{INTERNAL_ERROR}: {type(e).__name__}: {e}"[:2000]),
+        "raw_value": bytes(value) if value is not None else None, "raw_key": bytes(key) if key is not None else None,
+        "kafka_topic": c.topic, "kafka_partition": c.partition, "kafka_offset": c.offsets[0],
+        "kafka_timestamp": ts, "quarantined_at": now_ms, "run_id": run_id,
+        "day": time.strftime("%Y-%m-%d", time.gmtime(ts / 1000)), "row": c.first_row,
+    }], schema=QUARANTINE_WITH_ROUTING)
+
+
 def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
-               decoder: Decoder | None = None) -> tuple[list, float | None]:
+               decoder: BatchDecoder | None = None) -> tuple[list, float | None]:
     """Poll until `max_events`, `idle_seconds` without data, or the run's time budget.
 
     Returns the records and when the first one arrived (group join ends there)."""
@@ -150,19 +225,19 @@ def _existing_ids(lake: Lake, tenant: str, date: str, ids: pa.ChunkedArray) -> p
     return table.column("event_id").combine_chunks()
 
 
-def _first_occurrences(table: pa.Table, column: str) -> pa.Table:
-    """Rows whose `column` value has not appeared in an earlier row (keep-first dedupe)."""
+def _first_occurrences(table: pa.Table, key: list[str]) -> pa.Table:
+    """Rows whose `key` columns' values have not appeared together in an earlier row (keep-first dedupe)."""
     if table.num_rows == 0:
         return table
-    indexed = table.select([column]).append_column("_i", pa.array(range(table.num_rows), pa.int64()))
-    first = indexed.group_by(column, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
+    indexed = table.select(key).append_column("_i", pa.array(range(table.num_rows), pa.int64()))
+    first = indexed.group_by(key, use_threads=False).aggregate([("_i", "min")]).column("_i_min")
     if len(first) == table.num_rows:
         return table  # the common case: no duplicates, no copy of the payloads
     first = first.combine_chunks()
     return table.take(first.take(pc.array_sort_indices(first)))
 
 
-def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> None:
+def land(lake: Lake, records: list, decoder: BatchDecoder, result: IngestResult) -> None:
     """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
     with lake.locked():
         result.recovered = lake.recover()
@@ -189,7 +264,8 @@ def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> N
             fresh = pa.array(keep, pa.bool_())
             events = events.filter(fresh.take(events.column("row")))
             quarantine = quarantine.filter(fresh.take(quarantine.column("row")))
-        unique = _first_occurrences(events, "event_id")
+        result.isolated = decoder.failure
+        unique = _first_occurrences(events, ["tenant", "event_id"])
         result.duplicates = events.num_rows - unique.num_rows
         txn = lake.begin(result.run_id)
         parts = unique.select(["tenant", "day"]).group_by(["tenant", "day"]).aggregate([]).to_pylist()
@@ -253,7 +329,9 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
     # collection (measured: 3x slower polling). Nothing here creates cycles.
     gc_was_enabled = gc.isenabled()
     gc.disable()
-    decoder = Decoder(cfg.ingest.max_event_bytes, cfg.ingest.decode_workers, run_id, int(time.time() * 1000))
+    now_ms = int(time.time() * 1000)
+    decoder = BatchDecoder(Decoder(cfg.ingest.max_event_bytes, cfg.ingest.decode_workers, run_id, now_ms,
+                                   cfg.ingest.decode_parallel_from), run_id, now_ms)
     try:
         records, first = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events, decoder)
         polled = time.monotonic()

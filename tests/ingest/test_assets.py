@@ -9,6 +9,7 @@ from assets.ingest import lake_events, raw_events
 from assets.resources import TracerlResource
 from pipelines.ingest.producer import TraceProducer
 from pipelines.ingest.sample import bad_messages, generate
+from tests.ingest.poison import poison_decoder, poisoned
 
 
 def test_definitions_load_with_schedule_and_check():
@@ -47,8 +48,9 @@ def _materialize(path):
     result = dg.materialize([lake_events], resources={"tracerl": TracerlResource(config_path=path)})
     assert result.success
     meta = result.asset_materializations_for_node("lake_events")[0].metadata
-    (check,) = result.get_asset_check_evaluations()
-    return meta, check
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert set(checks) == {"quarantine_rate", "no_internal_errors"}
+    return meta, checks["quarantine_rate"], checks["no_internal_errors"]
 
 
 def test_asset_run_metadata_and_passing_check(cfg, tmp_path):
@@ -57,11 +59,12 @@ def test_asset_run_metadata_and_passing_check(cfg, tmp_path):
         for e in events:
             p.send(e)
         p.send_raw(b"k", b"not json")
-    meta, check = _materialize(_toml(cfg, tmp_path))
+    meta, check, isolation = _materialize(_toml(cfg, tmp_path))
     assert meta["rows_written"].value == len(events)
     assert meta["rows_quarantined"].value == 1
     assert sum(last - first + 1 for first, last in meta["offsets_consumed"].value.values()) == len(events) + 1
     assert check.check_name == "quarantine_rate" and check.passed
+    assert isolation.passed and meta["internal_errors"].value == 0
 
 
 def test_quarantine_rate_check_fails_on_a_broken_client(cfg, tmp_path):
@@ -70,9 +73,26 @@ def test_quarantine_rate_check_fails_on_a_broken_client(cfg, tmp_path):
             p.send(e)
         for _, raw in bad_messages(65536) * 3:
             p.send_raw(b"k", raw)
-    meta, check = _materialize(_toml(cfg, tmp_path))
+    meta, check, isolation = _materialize(_toml(cfg, tmp_path))
     assert meta["rows_quarantined"].value == 27
+    assert isolation.passed  # the client's fault, not the decoder's
     assert not check.passed and check.metadata["quarantine_rate"].value > 0.05
+
+
+def test_a_message_that_made_decode_raise_turns_the_isolation_check_red(cfg, tmp_path, monkeypatch):
+    """The run still succeeds and lands every other tenant's events; the red check says a decoder bug
+    was hit, how often, and what it raised."""
+    poison_decoder(monkeypatch)
+    events = generate(6, seed=5)
+    with TraceProducer(cfg) as p:
+        for e in events[1:]:
+            p.send(e)
+        p.send_raw(b"k", poisoned(events[0]))
+    meta, check, isolation = _materialize(_toml(cfg, tmp_path))
+    assert meta["rows_written"].value == len(events) - 1 and meta["internal_errors"].value == 1
+    assert "RecursionError" in meta["decode_failure"].value
+    assert not isolation.passed and isolation.severity == dg.AssetCheckSeverity.ERROR
+    assert isolation.metadata["internal_errors"].value == 1
 
 
 def test_topic_observation_reports_offsets_and_the_ingest_group_lag(cfg, tmp_path):

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import subprocess
-import sys
 import threading
 
+import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipelines.contract.events import EVENT_TYPES
-from pipelines.faults import EXIT_CODE
+from pipelines.ingest.decode import Chunk, Decoder
 from pipelines.ingest.producer import DeliveryError, TraceProducer
-from pipelines.ingest.run import IngestError, run_ingest
+from pipelines.ingest.run import INTERNAL_ERROR, BatchDecoder, IngestError, _first_occurrences, run_ingest
 from pipelines.ingest.sample import bad_messages, generate
 from pipelines.lake.query import connect
 from pipelines.lake.store import Lake
+from tests.ingest.poison import poison_decoder, poisoned
 
 
 def produce(cfg, events=(), raw=()):
@@ -116,6 +118,71 @@ def test_duplicate_produce_is_one_row(cfg):
     assert len(lake_payloads(cfg)) == len(events)
 
 
+def test_the_same_event_id_in_two_tenants_is_two_events(cfg):
+    """Dedupe is per tenant: B reusing A's event ids (by accident or on purpose) hides none of A's events."""
+    acme = [e for e in generate(10, seed=12) if e.tenant == "acme"]
+    other = [dataclasses.replace(e, tenant="initech") for e in acme]  # same event_id, another tenant
+    produce(cfg, [x for pair in zip(acme, other) for x in pair])  # interleaved: one batch, one chunk
+    r = run_ingest(cfg)
+    assert (r.landed, r.duplicates) == (2 * len(acme), 0)
+    produce(cfg, acme[:3] + other[:3])  # each tenant's own retry is still one row
+    r = run_ingest(cfg)
+    assert (r.landed, r.duplicates) == (0, 6)
+    rows = connect(cfg.lake).sql("SELECT tenant, event_id FROM events").fetchall()
+    assert sorted(rows) == sorted((e.tenant, e.event_id) for e in acme + other)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from(["e1", "e2", "e3"])), max_size=30))
+def test_batch_dedupe_keeps_the_first_of_each_tenant_and_id(pairs):
+    table = pa.table({"tenant": [t for t, _ in pairs], "event_id": [e for _, e in pairs],
+                      "n": list(range(len(pairs)))}, schema=pa.schema(
+        [("tenant", pa.string()), ("event_id", pa.string()), ("n", pa.int64())]))
+    kept = _first_occurrences(table, ["tenant", "event_id"]).column("n").to_pylist()
+    seen: set = set()
+    expected = [i for i, p in enumerate(pairs) if not (p in seen or seen.add(p))]
+    assert kept == expected  # keep-first, in Kafka order
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), data=st.data())
+def test_isolation_quarantines_exactly_the_messages_that_raise(monkeypatch, n, data):
+    poison_decoder(monkeypatch)
+    events = generate(12, seed=n)[:n]
+    n = len(events)
+    poison = data.draw(st.sets(st.integers(0, n - 1)))
+    values = [poisoned(e) if i in poison else json.dumps(e.to_dict()).encode() for i, e in enumerate(events)]
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, n - 1)), max_size=4)) | {0, n})
+    decoder = BatchDecoder(Decoder(1 << 20, 0, "run", 1), "run", 1)
+    for lo, hi in zip(cuts, cuts[1:]):
+        decoder.submit(Chunk("t", lo % 3, lo, list(range(lo, hi)), [1] * (hi - lo), [None] * (hi - lo),
+                             values[lo:hi]))
+    landed, quarantined = decoder.results()
+    assert sorted(landed.column("row").to_pylist()) == sorted(set(range(n)) - poison)
+    assert sorted(quarantined.column("row").to_pylist()) == sorted(poison)
+    assert set(quarantined.column("reason").to_pylist()) <= {INTERNAL_ERROR}
+    assert quarantined.column("raw_value").to_pylist() == [values[i] for i in sorted(poison)]
+    assert (decoder.failure is None) == (not poison)
+
+
+def test_a_message_that_makes_decode_raise_is_isolated_and_the_stream_moves_on(cfg, monkeypatch):
+    poison_decoder(monkeypatch)
+    events = generate(20, seed=13)
+    bad = events[::7]
+    produce(cfg, [e for e in events if e not in bad], raw=[(b"k", poisoned(e)) for e in bad])
+    r = run_ingest(cfg)
+    assert (r.landed, r.quarantined, r.reasons, r.kafka_commit) == (
+        len(events) - len(bad), len(bad), {INTERNAL_ERROR: len(bad)}, "ok")
+    assert "RecursionError" in r.isolated
+    rows = connect(cfg.lake).sql("SELECT reason, error, raw_value FROM quarantine").fetchall()
+    assert sorted(raw for _, _, raw in rows) == sorted(poisoned(e) for e in bad)
+    assert all(err.startswith(INTERNAL_ERROR) and "RecursionError" in err for _, err, _ in rows)
+    later = generate(5, seed=14)
+    produce(cfg, later)
+    r = run_ingest(cfg)  # nothing replays, nothing is blocked
+    assert (r.consumed, r.landed, r.quarantined) == (len(later), len(later), 0)
+
+
 def test_every_bad_input_class_is_quarantined_with_raw_bytes(cfg):
     bad = bad_messages(cfg.ingest.max_event_bytes)
     good = generate(5, seed=9)
@@ -139,31 +206,6 @@ def test_newer_producer_field_survives_ingest(cfg):
     produce(cfg, [e])
     run_ingest(cfg)
     assert lake_payloads(cfg)[e["event_id"]]["client_region"] == "eu-west-1"
-
-
-def _ingest_subprocess(cfg, failpoint: str | None):
-    env = {**os.environ, "TRACERL_KAFKA_BOOTSTRAP": cfg.kafka.bootstrap_servers,
-           "TRACERL_LAKE": str(cfg.lake), "TRACERL_HOME": str(cfg.home)}
-    env.pop("TRACERL_FAILPOINT", None)
-    if failpoint:
-        env["TRACERL_FAILPOINT"] = failpoint
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", "ingest", "--topic", cfg.kafka.topic,
-                           "--group", cfg.kafka.group_id], env=env, capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize("point", ["ingest.after_stage", "ingest.after_manifest", "ingest.after_publish"])
-def test_crash_then_rerun_is_exactly_once(cfg, point):
-    events = generate(40, seed=21)
-    bad = bad_messages(cfg.ingest.max_event_bytes)[:2]
-    produce(cfg, events, raw=[(b"k", raw) for _, raw in bad])
-    crashed = _ingest_subprocess(cfg, point)
-    assert crashed.returncode == EXIT_CODE, crashed.stderr
-    rerun = _ingest_subprocess(cfg, None)
-    assert rerun.returncode == 0, rerun.stderr
-    assert set(lake_payloads(cfg)) == {e.event_id for e in events}
-    assert connect(cfg.lake).execute("SELECT count(*) FROM quarantine").fetchone()[0] == len(bad)
-    assert not any((Lake(cfg.lake).staging).glob("*/**/*.parquet")), "staging left behind"
-    assert run_ingest(cfg).consumed == 0  # Kafka offsets caught up with the lake
 
 
 def test_two_consumers_in_one_group_land_exactly_once(cfg):
