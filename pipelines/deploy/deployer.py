@@ -7,6 +7,8 @@ Promote ``(tenant, task, v)``:
   3. flip the router: new requests get v, requests in flight keep the old version;
   4. wait until the old version has no request in flight (``drain_timeout_s``), then unload it.
 Rollback: the same toward the version live before (``Live.history``), reloaded from the store.
+Restore (a restarted gateway or vLLM): 1-2 for every route, each on its own, so an adapter
+changed on disk since its deploy is refused there too, without keeping the others down.
 A failure in 1-2 raises :class:`DeployError` and changes nothing: the old version keeps serving.
 Loads are serialized by one lock (concurrent loads race in vLLM 0.32).
 
@@ -25,6 +27,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from safetensors import SafetensorError, safe_open
 
 from pipelines.deploy import admin
 from pipelines.deploy.routing import Router, vllm_name
@@ -58,6 +62,12 @@ def validate_adapter(store: AdapterStore, tenant: str, task: str, version: int, 
     for name in ("adapter_config.json", "adapter_model.safetensors", META, READY):
         if not (real / name).is_file():
             raise DeployError(f"{where} lacks {name}")
+    try:  # the header and its offsets cover the file exactly: a torn or foreign file fails here, not in vLLM
+        with safe_open(str(real / "adapter_model.safetensors"), framework="numpy") as fh:
+            fh.keys()
+    except SafetensorError as err:
+        raise DeployError(f"{where}: adapter_model.safetensors is not a valid safetensors file ({err}); "
+                          f"republish the adapter") from None
     got = av.meta.get("base_model_hash")
     if got != base_hash:
         raise DeployError(f"{where} was trained on base model {str(got)[:12]}..., but vLLM serves "
@@ -81,10 +91,31 @@ class Deployer:
     def rollback(self, tenant: str, task: str, who: str) -> dict[str, Any]:
         return self._swap("rollback", tenant, task, None, who)
 
-    def restore(self) -> None:
-        """Load every routed version into the upstreams (a restarted gateway or vLLM)."""
-        for live in self.router.routes():
-            self._load(live.name, Path(live.path))
+    def restore(self, who: str = "restore") -> list[dict[str, Any]]:
+        """Load every routed version into the upstreams (a restarted gateway or vLLM), validated
+        as a deploy is; one record per route, also in swaps.jsonl.
+
+        A refused route is reported (``ok: false`` and the reason) and left routed but not
+        loaded: its requests fail until it is fixed (re-publish and deploy, or roll back);
+        every other route restores. Loading from the store's path, not the one routes.json
+        recorded, so a rewritten routes.json cannot point vLLM at another folder.
+        """
+        records = []
+        with self._lock:
+            for live in self.router.routes():
+                record: dict[str, Any] = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                                          "who": who, "action": "restore", "tenant": live.tenant,
+                                          "task": live.task, "from": None, "to": f"v{live.version}"}
+                t0 = time.monotonic()
+                try:
+                    av = validate_adapter(self.store, live.tenant, live.task, live.version, self.base_hash)
+                    self._load(live.name, av.path)
+                    record.update(ok=True, load_s=round(time.monotonic() - t0, 3))
+                except Exception as err:  # noqa: BLE001 - one bad route must not keep the others down
+                    record.update(ok=False, error=f"{type(err).__name__}: {err}")
+                self._log(record)
+                records.append(record)
+        return records
 
     # -- the swap -----------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 ALIASES = {"smollm2-135m": "smollm2", "smollm2-135m-instruct": "smollm2", "smollm2": "smollm2"}
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+", re.ASCII)  # fullmatch: `$` passes "a/b\n"
 HASH_SIDECAR = ".tracerl-hash.json"
 CONFIG_FILES = ("config.json",)
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")  # first glob that matches wins
@@ -54,7 +54,7 @@ def resolve_base_model(spec: str, home: Path) -> Path:
         return path.resolve()
     if path.exists():
         raise ValueError(f"base model {spec!r} is a file, not a folder; point to the model's folder")
-    if not spec.startswith((".", "/", "~")) and HUB_ID.match(spec):
+    if not spec.startswith((".", "/", "~")) and HUB_ID.fullmatch(spec):
         return _from_hub(spec)
     raise ValueError(
         f"base model {spec!r} is neither 'tiny', 'tiny:<seed>', 'smollm2-135m', an existing "

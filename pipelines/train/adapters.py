@@ -28,13 +28,14 @@ READY = "READY"
 META = "tracerl.json"
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 REQUIRED_META = ("parent_version", "base_model_hash", "data_window", "reward_spec_version", "config", "metrics")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # no '/', no leading '.', so no '..'
-_VERSION_DIR = re.compile(r"^v([0-9]+)$")
+# Used with fullmatch only: `$` would also match before a trailing newline ("acme\n").
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no '/', no leading '.', so no '..'
+_VERSION_DIR = re.compile(r"v([0-9]+)")
 
 
 def check_id(value: str, what: str) -> str:
     """Reject ids that could escape the store or hide ('a/b', '..', '.x', '', spaces)."""
-    if not isinstance(value, str) or not _ID.match(value):
+    if not isinstance(value, str) or not _ID.fullmatch(value):
         raise ValueError(f"{what}={value!r} is not a safe id; use 1-128 of [A-Za-z0-9_.-], starting with a letter or digit")
     return value
 
@@ -100,7 +101,7 @@ class AdapterStore:
             return []
         nums = []
         for child in folder.iterdir():
-            m = _VERSION_DIR.match(child.name)
+            m = _VERSION_DIR.fullmatch(child.name)
             if m and child.is_dir() and (not ready_only or (child / READY).is_file()):
                 nums.append(int(m.group(1)))
         return sorted(nums)
