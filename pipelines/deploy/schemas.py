@@ -170,10 +170,11 @@ def parse(model: type[M], value: Any) -> M:
         return model.model_validate(value)
     except PydanticError as err:
         first = err.errors(include_input=False, include_url=False)[0]
-        param = _param(first["loc"], keep_last=first["type"] == "extra_forbidden")
-        where = param or "body"
+        unknown = first["type"] == "extra_forbidden"
+        param = _param(first["loc"], keep_last=unknown)
         more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        raise ApiError(400, f"{where}: {first['msg']}{more}", param, code=first["type"]) from None
+        message = f"unknown field {param!r} is not accepted" if unknown else f"{param or 'body'}: {first['msg']}"
+        raise ApiError(400, message + more, param, code=first["type"]) from None
 
 
 def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
@@ -196,7 +197,7 @@ def _param(loc: tuple, keep_last: bool = False) -> str | None:
             out += f"[{p}]"
         elif p in _FIELDS or (keep_last and i == len(loc) - 1):
             out += f".{p}" if out else p
-    return out or None
+    return out if out or (keep_last and loc) else None
 
 
 # -- the OpenAPI document -------------------------------------------------------------------------
