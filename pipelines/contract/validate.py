@@ -64,6 +64,14 @@ def _fail_type(path: str, want: str, got: Any) -> None:
     raise ValidationError(WRONG_TYPE, f"{path} must be {want}, got {type(got).__name__} {_short(got)}")
 
 
+def _fail_number(path: str, want: type, got: Any) -> None:
+    """Not a number of the wanted kind: a wrong type; or the right type out of range: an invalid value."""
+    if type(got) is int or (want is float and type(got) is float):
+        raise ValidationError(INVALID_VALUE, f"{path} must be a finite number that fits a 64-bit "
+                                             f"{'integer' if want is int else 'float'}, got {_short(got)}")
+    _fail_type(path, "an integer" if want is int else "a number", got)
+
+
 def _short(v: Any) -> str:
     s = repr(v)  # ASCII-safe enough for a log line: repr escapes surrogates and control characters
     return s if len(s) <= 60 else s[:57] + "..."
@@ -100,12 +108,12 @@ def _compile(hint: Any) -> tuple[Check, bool]:
     if hint is int:
         def check(v, p):
             if not _is_int(v):
-                _fail_type(p, "a 64-bit integer", v)
+                _fail_number(p, int, v)
         return check, False
     if hint is float:
         def check(v, p):
             if not _is_num(v):
-                _fail_type(p, "a finite number", v)
+                _fail_number(p, float, v)
         return check, False
     if origin is Literal:
         allowed = typing.get_args(hint)
@@ -116,11 +124,10 @@ def _compile(hint: Any) -> tuple[Check, bool]:
     if origin is list:
         (item,) = typing.get_args(hint)
         if item in (int, float):
-            code, want, ok = ("q", "a list of 64-bit integers", _is_int) if item is int else (
-                "d", "a list of finite numbers", _is_num)
+            code, ok = ("q", _is_int) if item is int else ("d", _is_num)
             def check(v, p):
                 if type(v) is not list:
-                    _fail_type(p, want, v)
+                    _fail_type(p, "a list of integers" if item is int else "a list of numbers", v)
                 try:  # C-speed element check: a token list has hundreds of items
                     array(code, v)
                     if item is int or _finite_sum(v):
@@ -128,7 +135,7 @@ def _compile(hint: Any) -> tuple[Check, bool]:
                 except (TypeError, OverflowError):
                     pass
                 i = next(i for i, x in enumerate(v) if not ok(x))
-                _fail_type(f"{p}[{i}]", want[10:-1], v[i])
+                _fail_number(f"{p}[{i}]", item, v[i])
             return check, False
         item_check, _ = _compile(item)
         def check(v, p):
