@@ -84,3 +84,42 @@ def test_mlflow_and_dagster_up_status_down(tmp_path):
         assert stack.stop(cfg, "mlflow") is True
     assert stack.status(cfg, "mlflow") == "stopped" and stack.status(cfg, "dagster") == "stopped"
     assert not process.port_open(m.port)
+
+
+def test_children_of_a_leader_killed_9_are_stopped_by_stop_and_by_the_next_spawn(tmp_path):
+    """Someone kill -9s a service's leader: its children (forked by the service, as vLLM's
+    EngineCore or Dagster's webserver are) outlive it, still in its process group. `stop` kills
+    them, and so does the next `spawn` of that service (they would hold its port)."""
+    import os
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    leader = [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"]
+
+    def start():
+        state = process.spawn("svc", leader, run_dir=run, log=tmp_path / "svc.log", port=1, url="x")
+        deadline = time.monotonic() + 30
+        while len(process.group_members(state.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = [p for p in process.group_members(state.pid) if p != state.pid]
+        os.kill(state.pid, signal.SIGKILL)
+        process._children[state.pid].wait()
+        time.sleep(0.3)
+        assert process.start_time(child) is not None, "the child died with its leader after all"
+        assert process.read_state(run, "svc") is None and process.leftovers(state) == [child]
+        return state, child
+
+    state, child = start()
+    assert process.stop(run, "svc") is True
+    assert process.start_time(child) is None and not process.group_members(state.pid)
+    assert process.stop(run, "svc") is False
+
+    state, child = start()
+    again = process.spawn("svc", [sys.executable, "-c", "import time; time.sleep(300)"], run_dir=run,
+                          log=tmp_path / "svc.log", port=1, url="x")
+    try:
+        assert process.start_time(child) is None  # the orphan went before the new leader started
+    finally:
+        process.stop(run, "svc")
+    assert process.read_state(run, "svc") is None and process.start_time(again.pid) is None

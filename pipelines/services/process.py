@@ -7,6 +7,13 @@ the children it forked: vLLM's EngineCore, Dagster's webserver and daemon), so `
 never touches a server somebody else started on the same port. A PID is trusted only while
 its start time in `/proc/<pid>/stat` is the recorded one: PIDs recycle, and vLLM renames its
 processes (setproctitle), so the command line cannot identify them.
+
+A leader killed -9 by someone else takes none of its children with it: they are forked by vLLM,
+Dagster and MLflow, not by us, so no parent-death signal can be set on them. They stay in the
+leader's process group, though, and Linux never reuses a PID as a PID while a group of that ID
+exists: members of the recorded group started after the leader are its children. `stop` and the
+next `spawn` of that service kill such a leaderless group (`leftovers`), so `tracerl down` / `up`
+leave no orphan holding a port or a GPU.
 """
 
 from __future__ import annotations
@@ -115,15 +122,26 @@ def lock(run_dir: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def read_state(run_dir: Path, name: str, cls: type[S] = ProcessState) -> S | None:  # type: ignore[assignment]
-    """The running service recorded under `run_dir`, or None (a stale or foreign file is ignored)."""
+def recorded(run_dir: Path, name: str, cls: type[S] = ProcessState) -> S | None:  # type: ignore[assignment]
+    """The service recorded under `run_dir`, alive or not (None if no readable file)."""
     try:
         data = json.loads(state_path(run_dir, name).read_text())
         known = {f.name for f in fields(cls)}
-        state = cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in known})
     except (OSError, ValueError, TypeError):
         return None
-    return state if alive(state) else None
+
+
+def read_state(run_dir: Path, name: str, cls: type[S] = ProcessState) -> S | None:  # type: ignore[assignment]
+    """The running service recorded under `run_dir`, or None (a stale or foreign file is ignored)."""
+    state = recorded(run_dir, name, cls)
+    return state if state is not None and alive(state) else None
+
+
+def leftovers(state: ProcessState) -> list[int]:
+    """Live members of the recorded service's process group started after its leader: what a
+    leader killed -9 left behind (PIDs recycle, but not as the ID of a group still in use)."""
+    return [p for p in group_members(state.pid) if (start_time(p) or 0) >= state.pid_start]
 
 
 def write_state(run_dir: Path, state: ProcessState) -> None:
@@ -139,6 +157,9 @@ def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, ur
           cls: type[S] = ProcessState, **extra) -> S:  # type: ignore[assignment]
     """Start `argv` in its own session (it outlives the CLI) and record it at once, so a caller
     that dies while the service starts up still leaves it stoppable."""
+    prev = recorded(run_dir, name)
+    if prev is not None and not alive(prev) and leftovers(prev):
+        stop_group(prev)  # the children of a leader killed -9 still hold its port
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         out.write(f"\n==== tracerl start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode())
@@ -201,10 +222,11 @@ def stop_group(state: ProcessState, timeout: float = 20.0) -> None:
 
 
 def stop(run_dir: Path, name: str, timeout: float = 20.0) -> bool:
-    """Stop the recorded service's process group; False if none was running."""
-    state = read_state(run_dir, name)
+    """Stop the recorded service's process group, or what is left of it after its leader was
+    killed; False if nothing of it was running."""
+    state = recorded(run_dir, name)
     state_path(run_dir, name).unlink(missing_ok=True)
-    if state is None:
+    if state is None or not (alive(state) or leftovers(state)):
         return False
     stop_group(state, timeout)
     return True
