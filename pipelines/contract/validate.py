@@ -87,37 +87,41 @@ def _is_num(v: Any) -> bool:
 
 
 def _compile(hint: Any) -> tuple[Check, bool]:
-    """Return (check, nullable) for a type hint."""
+    """Return (check, nullable) for a type hint. A check takes (value, path, depth) and also
+    enforces what every reader needs of its part of the event (see `_walk`), so each value is
+    visited once: typed fields by their check, untyped ones (`Any`, objects, unknown fields) by `_walk`."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         check, _ = _compile(args[0] if len(args) == 1 else Any)
         return check, True
     if hint is Any:
-        return (lambda v, p: None), False
+        return _any, False
     if hint is str:
-        def check(v, p):
+        def check(v, p, d):
             if type(v) is not str:
                 _fail_type(p, "a string", v)
+            if not v.isascii():
+                _at(p, _scalar, v)
         return check, False
     if hint is bool:
-        def check(v, p):
+        def check(v, p, d):
             if type(v) is not bool:
                 _fail_type(p, "a boolean", v)
         return check, False
     if hint is int:
-        def check(v, p):
+        def check(v, p, d):
             if not _is_int(v):
                 _fail_number(p, int, v)
         return check, False
     if hint is float:
-        def check(v, p):
+        def check(v, p, d):
             if not _is_num(v):
                 _fail_number(p, float, v)
         return check, False
     if origin is Literal:
         allowed = typing.get_args(hint)
-        def check(v, p):
+        def check(v, p, d):
             if type(v) is not str or v not in allowed:
                 raise ValidationError(INVALID_VALUE, f"{p} must be one of {list(allowed)}, got {_short(v)}")
         return check, False
@@ -125,7 +129,7 @@ def _compile(hint: Any) -> tuple[Check, bool]:
         (item,) = typing.get_args(hint)
         if item in (int, float):
             code, ok = ("q", _is_int) if item is int else ("d", _is_num)
-            def check(v, p):
+            def check(v, p, d):
                 if type(v) is not list:
                     _fail_type(p, "a list of integers" if item is int else "a list of numbers", v)
                 try:  # C-speed element check: a token list has hundreds of items
@@ -138,16 +142,17 @@ def _compile(hint: Any) -> tuple[Check, bool]:
                 _fail_number(f"{p}[{i}]", item, v[i])
             return check, False
         item_check, _ = _compile(item)
-        def check(v, p):
+        def check(v, p, d):
             if type(v) is not list:
                 _fail_type(p, "a list", v)
             for i, x in enumerate(v):
-                item_check(x, f"{p}[{i}]")
+                item_check(x, f"{p}[{i}]", d + 1)
         return check, False
     if origin is dict:
-        def check(v, p):
+        def check(v, p, d):
             if type(v) is not dict:
                 _fail_type(p, "an object", v)
+            _at(p, _walk, v, d)
         return check, False
     if dataclasses.is_dataclass(hint):
         obj = _compile_object(hint)
@@ -163,19 +168,34 @@ def _compile_object(cls: type) -> Check:
         required = (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
                     or f.name in _WIRE_REQUIRED)
         fields.append((f.name, check, nullable, required))
+    names = frozenset(f.name for f in dataclasses.fields(cls)) | ({"type"} if issubclass(cls, Event) else set())
 
-    def check(v, p):
+    def check(v, p, d):
         if type(v) is not dict:
             _fail_type(p or "event", "an object", v)
+        if d > MAX_DEPTH:
+            _at(p, _walk, v, d)  # raises: too deep
+        present = 1 if "type" in names and "type" in v else 0
         for name, fcheck, nullable, required in fields:
             x = v.get(name)
             path = f"{p}.{name}" if p else name
             if x is None:
                 if required and (name not in v or not nullable or name in _WIRE_REQUIRED):
                     raise ValidationError(MISSING_FIELD, f"{path} is required")
+                present += name in v
                 continue
-            fcheck(x, path)
+            present += 1
+            fcheck(x, path, d + 1)
+        if present < len(v):  # unknown fields, kept: any JSON that every reader can read
+            _at(p, _walk, {k: v[k] for k in v.keys() - names}, d)
     return check
+
+
+def _any(v: Any, p: str, d: int) -> None:
+    if type(v) in (dict, list, tuple):
+        _at(p, _walk, v, d)
+    else:
+        _at(p, _scalar, v)
 
 
 class _Bad(Exception):
@@ -184,9 +204,15 @@ class _Bad(Exception):
     def __init__(self, reason: str, what: str):
         self.reason, self.what, self.path = reason, what, []
 
-    def error(self) -> ValidationError:
-        path = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(self.path)).lstrip(".")
-        return ValidationError(self.reason, f"{_short(path) if path else 'the event'} {self.what}")
+
+def _at(prefix: str, check: Callable, *args: Any) -> None:
+    """Run a `_walk`/`_scalar` check below `prefix`; its failure becomes a ValidationError naming the path."""
+    try:
+        check(*args)
+    except _Bad as bad:
+        inner = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(bad.path))
+        path = (prefix + inner).lstrip(".")
+        raise ValidationError(bad.reason, f"{_short(path) if path else 'the event'} {bad.what}") from None
 
 
 def _scalar(x: Any) -> None:
@@ -232,8 +258,8 @@ def _finite_sum(v: list) -> bool:
 
 
 def _walk(v: dict | list, depth: int) -> None:
-    """Every value below `v` is JSON that any reader can parse back (DuckDB, Arrow, Parquet):
-    string keys, strings without lone surrogates, finite numbers, bounded nesting."""
+    """Every value below `v` (at `depth`) is JSON that any reader can parse back (DuckDB, Arrow,
+    Parquet): string keys, strings without lone surrogates, finite numbers, bounded nesting."""
     if depth > MAX_DEPTH:
         raise _Bad(INVALID_VALUE, f"nests objects and arrays deeper than {MAX_DEPTH} levels")
     items = v.items() if type(v) is dict else (() if _numbers(v) else enumerate(v))
@@ -341,11 +367,7 @@ def _validate(obj: Any) -> dict:
     if entry is None:
         raise ValidationError(UNKNOWN_EVENT_TYPE, f"type {_short(kind)} is not one of {sorted(_VALIDATORS)}")
     check, extra, int32_fields = entry
-    check(obj, "")
-    try:
-        _walk(obj, 1)
-    except _Bad as bad:
-        raise bad.error() from None
+    check(obj, "", 1)
     for name in int32_fields:
         n = obj.get(name)
         if n is not None and not 0 <= n <= _I32_MAX:
