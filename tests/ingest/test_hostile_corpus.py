@@ -66,3 +66,20 @@ def test_hostile_corpus_through_kafka_quarantines_each_class_and_never_blocks(cf
     turn = json.loads(connect(cfg.lake).execute(
         "SELECT payload FROM turns WHERE tenant = ? AND output_text LIKE 'a%b%'", [TENANT]).fetchone()[0])
     assert turn["output_text"] == "a\x00b\x1f"  # control characters land as sent
+
+
+def test_a_topic_mapped_to_one_tenant_quarantines_events_claiming_another(cfg):
+    """A direct producer on acme's topic cannot write globex's events (`ingest.topic_tenants`)."""
+    cfg.ingest.topic_tenants = {cfg.kafka.topic: "acme"}
+    events = generate(30, seed=23)
+    acme = [e for e in events if e.tenant == "acme"]
+    assert acme and len(acme) < len(events)
+    with TraceProducer(cfg) as p:
+        for e in events:
+            p.send(e)
+    r = run_ingest(cfg)
+    assert (r.landed, r.quarantined, r.reasons) == (len(acme), len(events) - len(acme),
+                                                    {"tenant_mismatch": len(events) - len(acme)})
+    con = connect(cfg.lake)
+    assert {t for (t,) in con.execute("SELECT DISTINCT tenant FROM events").fetchall()} == {"acme"}
+    assert all("globex" in err for (err,) in con.execute("SELECT error FROM quarantine").fetchall())
