@@ -8,7 +8,8 @@ import dagster as dg
 
 from assets.resources import TracerlResource
 from pipelines.config import TracerlConfig
-from pipelines.ingest.run import INTERNAL_ERROR, run_ingest
+from pipelines.contract.validate import INTERNAL_ERROR
+from pipelines.ingest.run import run_ingest
 
 QUARANTINE_CHECK = "quarantine_rate"
 ISOLATION_CHECK = "no_internal_errors"

@@ -46,7 +46,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
-from pipelines.contract.validate import ValidationError, validate_event
+from pipelines.contract.validate import ValidationError
 from pipelines.deploy import schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
 from pipelines.deploy.emitter import Emitter

@@ -14,7 +14,8 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, TimeoutError
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -107,11 +108,10 @@ def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
         except ValidationError as err:
             bad.append(_bad_row(chunk, i, err.reason, str(err), now_ms, run_id))
         except Exception as err:  # a bug of ours, not the producer's: keep the bytes, keep going
-            bad.append(_bad_row(chunk, i, INTERNAL_ERROR, f"decode failed: {type(err).__name__}: {err}", now_ms, run_id))
+            bad.append(_internal_row(chunk, i, "decode failed", err, now_ms, run_id))
     events, broken = _build(rows, EVENTS_WITH_ROUTING)
     for row, err in broken:
-        bad.append(_bad_row(chunk, row[-1] - first, INTERNAL_ERROR,
-                            f"building the events table failed: {type(err).__name__}: {err}", now_ms, run_id))
+        bad.append(_internal_row(chunk, row[-1] - first, "building the events table failed", err, now_ms, run_id))
     bad.sort(key=lambda r: r[-1])
     return events, _table(bad, QUARANTINE_WITH_ROUTING)
 
@@ -137,6 +137,11 @@ def _bad_row(chunk: Chunk, i: int, reason: str, error: str, now_ms: int, run_id:
     return (reason, error.encode("utf-8", "backslashreplace").decode(), _raw(value), _raw(key), chunk.topic,
             chunk.partition, chunk.offsets[i], ts, now_ms, run_id,
             datetime.fromtimestamp(ts / 1000, timezone.utc).date().isoformat(), chunk.first_row + i)
+
+
+def _internal_row(chunk: Chunk, i: int, what: str, err: BaseException, now_ms: int, run_id: str) -> tuple:
+    return _bad_row(chunk, i, INTERNAL_ERROR, f"{INTERNAL_ERROR}: {what}: {type(err).__name__}: {err}"[:2000],
+                    now_ms, run_id)
 
 
 def _raw(b) -> bytes | None:
@@ -171,41 +176,97 @@ class Decoder:
 
     `topic_tenants` maps a topic to the one tenant allowed on it (`ingest.topic_tenants`);
     events on a mapped topic that claim another tenant are quarantined as `tenant_mismatch`.
+
+    Defence in depth: `decode_chunk` is total by design, but if a chunk still raises (inline or
+    in its worker) or a worker dies (the OOM killer, a kill), the chunk is decoded again here,
+    halved until each message that raises is alone; those are quarantined as `internal_error`
+    with the exception, the rest lands, and `failure` says what happened (the asset check turns
+    red). It costs nothing while decode succeeds. A message that crashes the interpreter itself
+    (a segfault in a C extension) is not isolated.
     """
 
     def __init__(self, max_bytes: int, workers: int, run_id: str, now_ms: int, parallel_from: int = 2000,
                  topic_tenants: dict[str, str] | None = None):
         self.args = (max_bytes, run_id, now_ms, dict(topic_tenants or {}))
         self.workers, self.parallel_from = workers, parallel_from
+        self.failure: str | None = None
         self._pool: ProcessPoolExecutor | None = None
-        self._parts: list = []
+        self._parts: list[tuple[Future | list[tuple[pa.Table, pa.Table]], Chunk]] = []
 
     def submit(self, chunk: Chunk) -> None:
-        if self.workers and len(chunk.values) >= self.parallel_from:
-            if self._pool is None:  # spawn: never fork a process holding Kafka sockets and threads
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
-                                                 initializer=die_with_parent, initargs=(os.getpid(),))
-            self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args), chunk))
-        else:
-            self._parts.append((decode_chunk(chunk, *self.args), chunk))
-
-    def _result(self, part: tuple[pa.Table, pa.Table] | Future, chunk: Chunk) -> tuple[pa.Table, pa.Table]:
-        if not isinstance(part, Future):
-            return part
-        try:
-            return part.result()
-        except Exception:  # a worker died (killed, out of memory): decode its chunk here instead
-            return decode_chunk(chunk, *self.args)
+        if self.failure is None and self.workers and len(chunk.values) >= self.parallel_from:
+            try:
+                if self._pool is None:  # spawn: never fork a process holding Kafka sockets and threads
+                    self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                                     initializer=die_with_parent, initargs=(os.getpid(),))
+                self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args), chunk))
+                return
+            except Exception as err:  # a broken pool (a worker died): decode here from now on
+                self._failed(err)
+        self._parts.append((self._isolate(chunk), chunk))
 
     def results(self) -> tuple[pa.Table, pa.Table]:
-        parts = [self._result(p, chunk) for p, chunk in self._parts]
+        parts = [p for part, chunk in self._parts for p in self._result(part, chunk)]
         events = pa.concat_tables([e for e, _ in parts]) if parts else EVENTS_WITH_ROUTING.empty_table()
         quarantine = pa.concat_tables([q for _, q in parts]) if parts else QUARANTINE_WITH_ROUTING.empty_table()
         return events, quarantine
 
     def close(self) -> None:
-        if self._pool:
+        if self._pool is None:
+            return
+        if self.failure is not None:  # a broken pool can hang a waiting shutdown: kill, then don't wait
+            for proc in self._workers():
+                proc.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        else:
             self._pool.shutdown(cancel_futures=True)
+
+    def _failed(self, err: BaseException) -> None:
+        if self.failure is None:
+            self.failure = f"{type(err).__name__}: {err}"[:500].encode("utf-8", "backslashreplace").decode()
+
+    def _result(self, part, chunk: Chunk) -> list[tuple[pa.Table, pa.Table]]:
+        if not isinstance(part, Future):
+            return part
+        try:
+            return [self._wait(part)]
+        except Exception as err:  # the worker raised or died: decode its chunk here instead
+            self._failed(err)
+            return self._isolate(chunk)
+
+    def _wait(self, future: Future) -> tuple[pa.Table, pa.Table]:
+        """The future's result; a dead worker fails it even where the pool would not notice
+        (CPython 3.11 can wait forever on a worker killed while it starts)."""
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except TimeoutError:
+                dead = [p.pid for p in self._workers() if p.exitcode is not None]
+                if dead:
+                    raise BrokenProcessPool(f"decode worker {dead[0]} died") from None
+
+    def _workers(self) -> list:
+        """The pool's worker processes (a private attribute of CPython's executor, read defensively)."""
+        return list((getattr(self._pool, "_processes", None) or {}).copy().values())
+
+    def _isolate(self, chunk: Chunk) -> list[tuple[pa.Table, pa.Table]]:
+        """`decode_chunk` here, halving a chunk that raises until each message that raises is alone."""
+        try:
+            return [decode_chunk(chunk, *self.args)]
+        except Exception as err:
+            self._failed(err)
+            n = len(chunk.values)
+            if n == 1:
+                _, run_id, now_ms, _ = self.args
+                return [(EVENTS_WITH_ROUTING.empty_table(),
+                         _table([_internal_row(chunk, 0, "decode failed", err, now_ms, run_id)],
+                                QUARANTINE_WITH_ROUTING))]
+            return [p for lo, hi in ((0, n // 2), (n // 2, n)) for p in self._isolate(_slice(chunk, lo, hi))]
+
+
+def _slice(c: Chunk, lo: int, hi: int) -> Chunk:
+    return Chunk(c.topic, c.partition, c.first_row + lo, c.offsets[lo:hi], c.timestamps[lo:hi], c.keys[lo:hi],
+                 c.values[lo:hi])
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -12,7 +12,7 @@ Order of operations, and why it is exactly-once:
    against the tenant's partitions they land in), so a producer's retry is one
    row and one tenant's ids never hide another's events. Decode is total; if
    a chunk still raises, it is bisected down to the messages that raise, which
-   are quarantined as `internal_error` while the rest lands (`BatchDecoder`);
+   are quarantined as `internal_error` while the rest lands (`decode.Decoder`);
 4. stage Parquet files (fsync), commit the manifest (atomic rename: the point
    of no return), move files into place;
 5. only then commit offsets to Kafka. A crash anywhere re-runs cleanly.
@@ -32,13 +32,10 @@ import pyarrow.dataset as ds
 
 from pipelines.config import TracerlConfig
 from pipelines.faults import failpoint
-from pipelines.ingest.decode import EVENTS_WITH_ROUTING, QUARANTINE_WITH_ROUTING, Chunk, Decoder, decode_chunk
+from pipelines.ingest.decode import Chunk, Decoder
 from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.services.kafka import client_options
-
-
-INTERNAL_ERROR = "internal_error"  # quarantine reason: decode raised where it should have answered
 
 
 class IngestError(RuntimeError):
@@ -115,76 +112,8 @@ def topic_id_of(consumer: Any, topic: str) -> dict[str, str]:
     return {topic: str(tid)} if tid else {}
 
 
-class BatchDecoder:
-    """The batch's `Decoder`, made safe to fail. Decode is total by design; if a chunk still
-    raises (inline or in its worker) or a worker dies (the OOM killer), the batch is decoded
-    again inline, each failing chunk bisected down to the messages that raise: those are
-    quarantined as `internal_error` with the exception, the rest lands. Costs nothing while
-    decode succeeds (the chunks are references to records the batch holds anyway). A message
-    that crashes the interpreter itself (a segfault in a C extension) is not isolated."""
-
-    def __init__(self, decoder: Decoder, run_id: str, now_ms: int):
-        self.decoder, self.run_id, self.now_ms = decoder, run_id, now_ms
-        self.chunks: list[Chunk] = []
-        self.failure: str | None = None
-
-    def submit(self, chunk: Chunk) -> None:
-        self.chunks.append(chunk)
-        if self.failure is None:
-            try:
-                self.decoder.submit(chunk)
-            except Exception as e:  # an inline decode raised, or the pool is broken: isolate at results()
-                self.failure = _text(f"{type(e).__name__}: {e}"[:500])
-
-    def results(self) -> tuple[pa.Table, pa.Table]:
-        if self.failure is None:
-            try:
-                return self.decoder.results()
-            except Exception as e:  # a worker's decode raised, or the worker died
-                self.failure = _text(f"{type(e).__name__}: {e}"[:500])
-        parts = [p for c in self.chunks for p in self._isolate(c)]
-        return (pa.concat_tables([e for e, _ in parts]) if parts else EVENTS_WITH_ROUTING.empty_table(),
-                pa.concat_tables([q for _, q in parts]) if parts else QUARANTINE_WITH_ROUTING.empty_table())
-
-    def _isolate(self, chunk: Chunk) -> list[tuple[pa.Table, pa.Table]]:
-        """`decode_chunk`, halving a chunk that raises until each message that raises is alone."""
-        try:
-            return [decode_chunk(chunk, *self.decoder.args)]
-        except Exception as e:
-            n = len(chunk.values)
-            if n == 1:
-                return [(EVENTS_WITH_ROUTING.empty_table(), _internal_error(chunk, e, self.run_id, self.now_ms))]
-            return [p for lo, hi in ((0, n // 2), (n // 2, n)) for p in self._isolate(_slice(chunk, lo, hi))]
-
-    def close(self) -> None:
-        self.decoder.close()
-
-
-def _text(s: str) -> str:
-    """Valid UTF-8 whatever the exception said (its message may quote a lone surrogate)."""
-    return s.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _slice(c: Chunk, lo: int, hi: int) -> Chunk:
-    return Chunk(c.topic, c.partition, c.first_row + lo, c.offsets[lo:hi], c.timestamps[lo:hi], c.keys[lo:hi],
-                 c.values[lo:hi])
-
-
-def _internal_error(c: Chunk, e: Exception, run_id: str, now_ms: int) -> pa.Table:
-    """The quarantine row of one message that made decode raise."""
-    ts = c.timestamps[0] if c.timestamps[0] and 0 < c.timestamps[0] < 253402300800000 else now_ms
-    value, key = c.values[0], c.keys[0]
-    return pa.Table.from_pylist([{
-        "reason": INTERNAL_ERROR, "error": _text(f"{INTERNAL_ERROR}: {type(e).__name__}: {e}"[:2000]),
-        "raw_value": bytes(value) if value is not None else None, "raw_key": bytes(key) if key is not None else None,
-        "kafka_topic": c.topic, "kafka_partition": c.partition, "kafka_offset": c.offsets[0],
-        "kafka_timestamp": ts, "quarantined_at": now_ms, "run_id": run_id,
-        "day": time.strftime("%Y-%m-%d", time.gmtime(ts / 1000)), "row": c.first_row,
-    }], schema=QUARANTINE_WITH_ROUTING)
-
-
 def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
-               decoder: BatchDecoder | None = None) -> tuple[list, float | None]:
+               decoder: Decoder | None = None) -> tuple[list, float | None]:
     """Poll until `max_events`, `idle_seconds` without data, or the run's time budget.
 
     Returns the records and when the first one arrived (group join ends there)."""
@@ -237,7 +166,7 @@ def _first_occurrences(table: pa.Table, key: list[str]) -> pa.Table:
     return table.take(first.take(pc.array_sort_indices(first)))
 
 
-def land(lake: Lake, records: list, decoder: BatchDecoder, result: IngestResult) -> None:
+def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> None:
     """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
     with lake.locked():
         result.recovered = lake.recover()
@@ -330,8 +259,8 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
     gc_was_enabled = gc.isenabled()
     gc.disable()
     now_ms = int(time.time() * 1000)
-    decoder = BatchDecoder(Decoder(cfg.ingest.max_event_bytes, cfg.ingest.decode_workers, run_id, now_ms,
-                                   cfg.ingest.decode_parallel_from, cfg.ingest.topic_tenants), run_id, now_ms)
+    decoder = Decoder(cfg.ingest.max_event_bytes, cfg.ingest.decode_workers, run_id, now_ms,
+                      cfg.ingest.decode_parallel_from, cfg.ingest.topic_tenants)
     try:
         records, first = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events, decoder)
         polled = time.monotonic()

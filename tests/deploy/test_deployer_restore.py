@@ -5,7 +5,6 @@ restore into a real vLLM (tiny model, CPU). Ids are full matches (no trailing ne
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 from pipelines.ingest import decode as decode_module
-from pipelines.ingest import run as run_module
 
 POISON = b"POISON"
 
@@ -21,8 +20,7 @@ def poison_decoder(monkeypatch) -> None:
             raise RecursionError("maximum recursion depth exceeded (injected)")
         return real(chunk, *args)
 
-    monkeypatch.setattr(decode_module, "decode_chunk", decode_chunk)  # the Decoder's inline path
-    monkeypatch.setattr(run_module, "decode_chunk", decode_chunk)     # the isolation's re-decode
+    monkeypatch.setattr(decode_module, "decode_chunk", decode_chunk)  # inline and isolation paths
 
 
 def poisoned(event) -> bytes:

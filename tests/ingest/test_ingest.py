@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from pipelines.contract.events import EVENT_TYPES
 from pipelines.ingest.decode import Chunk, Decoder
 from pipelines.ingest.producer import DeliveryError, TraceProducer
-from pipelines.ingest.run import INTERNAL_ERROR, BatchDecoder, IngestError, _first_occurrences, run_ingest
+from pipelines.contract.validate import INTERNAL_ERROR
+from pipelines.ingest.run import IngestError, _first_occurrences, run_ingest
 from pipelines.ingest.sample import bad_messages, generate
 from pipelines.lake.query import connect
 from pipelines.lake.store import Lake
@@ -153,7 +154,7 @@ def test_isolation_quarantines_exactly_the_messages_that_raise(monkeypatch, n, d
     poison = data.draw(st.sets(st.integers(0, n - 1)))
     values = [poisoned(e) if i in poison else json.dumps(e.to_dict()).encode() for i, e in enumerate(events)]
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, n - 1)), max_size=4)) | {0, n})
-    decoder = BatchDecoder(Decoder(1 << 20, 0, "run", 1), "run", 1)
+    decoder = Decoder(1 << 20, 0, "run", 1)
     for lo, hi in zip(cuts, cuts[1:]):
         decoder.submit(Chunk("t", lo % 3, lo, list(range(lo, hi)), [1] * (hi - lo), [None] * (hi - lo),
                              values[lo:hi]))
