@@ -42,7 +42,7 @@ def test_checks(graph):
         return dg.AssetCheckKey(dg.AssetKey(asset), name)
 
     assert set(graph.asset_check_keys) == {
-        key("lake_events", "quarantine_rate"),
+        key("lake_events", "quarantine_rate"), key("lake_events", "no_internal_errors"),
         key("turn_rewards", "unlabelled_share"), key("turn_rewards", "reward_bounds"),
         key("turn_rewards", "component_drift"),
         key("promotion", "no_contamination"), key("promotion", "candidate_promoted")}
