@@ -87,9 +87,9 @@ def test_mlflow_and_dagster_up_status_down(tmp_path):
 
 
 def test_children_of_a_leader_killed_9_are_stopped_by_stop_and_by_the_next_spawn(tmp_path):
-    """Someone kill -9s a service's leader: its children (forked by the service, as vLLM's
-    EngineCore or Dagster's webserver are) outlive it, still in its process group. `stop` kills
-    them, and so does the next `spawn` of that service (they would hold its port)."""
+    """Someone kill -9s a service's leader and its reaper: its children (forked by the service, as
+    vLLM's EngineCore or Dagster's webserver are) outlive it, still in its process group. `stop`
+    kills them, and so does the next `spawn` of that service (they would hold its port)."""
     import os
     import signal
     import time
@@ -97,8 +97,8 @@ def test_children_of_a_leader_killed_9_are_stopped_by_stop_and_by_the_next_spawn
     run = tmp_path / "run"
     leader = [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"]
 
-    def start():
-        state = process.spawn("svc", leader, run_dir=run, log=tmp_path / "svc.log", port=1, url="x")
+    def start():  # without the reaper: the fallback when it was killed too
+        state = process.spawn("svc", leader, run_dir=run, log=tmp_path / "svc.log", port=1, url="x", reap=False)
         deadline = time.monotonic() + 30
         while len(process.group_members(state.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -123,3 +123,31 @@ def test_children_of_a_leader_killed_9_are_stopped_by_stop_and_by_the_next_spawn
     finally:
         process.stop(run, "svc")
     assert process.read_state(run, "svc") is None and process.start_time(again.pid) is None
+
+
+def test_children_of_a_leader_killed_9_die_within_seconds_by_its_reaper(tmp_path):
+    """With the reaper `spawn` starts, a kill -9 of the leader takes its children along within
+    the reaper's grace period, with no `stop` or later `spawn` (pipelines/services/reaper.py)."""
+    import os
+    import signal
+    import time
+
+    from pipelines.services import reaper
+
+    run = tmp_path / "run"
+    leader = [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"]
+    state = process.spawn("svc", leader, run_dir=run, log=tmp_path / "svc.log", port=1, url="x")
+    deadline = time.monotonic() + 30
+    while len(process.group_members(state.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (child,) = [p for p in process.group_members(state.pid) if p != state.pid]
+    try:
+        os.kill(state.pid, signal.SIGKILL)
+        process._children[state.pid].wait()
+        deadline = time.monotonic() + reaper.GRACE_S + 10
+        while process.start_time(child) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process.start_time(child) is None, "the leader's child outlived it"
+        assert not process.leftovers(state)
+    finally:
+        process.stop(run, "svc")

@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -153,7 +154,7 @@ def write_state(run_dir: Path, state: ProcessState) -> None:
 
 
 def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, url: str,
-          env: dict[str, str] | None = None, cwd: Path | None = None,
+          env: dict[str, str] | None = None, cwd: Path | None = None, reap: bool = True,
           cls: type[S] = ProcessState, **extra) -> S:  # type: ignore[assignment]
     """Start `argv` in its own session (it outlives the CLI) and record it at once, so a caller
     that dies while the service starts up still leaves it stoppable."""
@@ -170,6 +171,10 @@ def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, ur
     state = cls(name=name, pid=proc.pid, pid_start=start_time(proc.pid) or 0, port=port, argv=list(argv),
                 log=str(log), url=url, **extra)
     write_state(run_dir, state)
+    if reap and state.pid_start:  # the leader's children die with it, even on kill -9 (reaper.py)
+        subprocess.Popen([sys.executable, "-m", "pipelines.services.reaper", str(state.pid), str(state.pid_start)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
     return state
 
 
