@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from pipelines.reward.spec import COMPONENTS, COST_COMPONENTS, Discounted, LastTurn, RewardSpec, Uniform
+from pipelines.reward.spec import (
+    COMPONENTS, COST_COMPONENTS, EXPLICIT_COMPONENTS, Discounted, LastTurn, RewardSpec, Uniform,
+)
 
 OUTPUT_KINDS = ("accept", "edit", "reject")
 TOOL_OUTCOMES = ("ok", "timeout", "error", "invalid_arguments")
@@ -126,12 +128,19 @@ def session_values(outcome: str | None, success: bool | None, spec: RewardSpec) 
     return abandon, session
 
 
+def explicit_positive(components: dict[str, float | None]) -> bool:
+    """The user liked the reply (thumbs, rating) or acted on it (accept / edit kept): component > 0."""
+    return any((components.get(k) or 0.0) > 0 for k in EXPLICIT_COMPONENTS)
+
+
 def combine(components: dict[str, float | None], dodge_kind: str | None,
             spec: RewardSpec) -> tuple[bool, float | None]:
     """(labelled, total). Unlabelled turns get None, never 0: they carry no preference.
 
     Labels come from feedback, session outcomes and tool failures; an ok tool call
-    and the cost terms only adjust a turn that is labelled otherwise.
+    and the cost terms only adjust a turn that is labelled otherwise. A dodge is
+    labelled and capped at `dodge.cap`, unless `dodge.explicit_overrides` and the
+    user gave an explicit positive: that turn keeps its ordinary weighted sum.
     """
     labelled = any(components.get(k) is not None for k in COMPONENTS
                    if k not in COST_COMPONENTS and k not in ("tool", "retries"))
@@ -143,7 +152,7 @@ def combine(components: dict[str, float | None], dodge_kind: str | None,
             v = components.get(k)
             if v is not None:
                 total += getattr(spec.weights, k) * v
-    if dodge_kind is not None:
+    if dodge_kind is not None and not (spec.dodge.explicit_overrides and explicit_positive(components)):
         cap = spec.dodge.cap
         total = cap if total is None else min(total, cap)
         labelled = True

@@ -31,6 +31,9 @@ from typing import Any, Literal
 COMPONENTS = ("thumbs", "rating", "output", "regenerate", "follow_up",
               "abandon", "session", "tool", "retries", "latency", "length")
 COST_COMPONENTS = ("latency", "length")
+# Explicit feedback: the user judged the reply (thumbs, rating) or acted on it (accept / edit / reject).
+# One of these > 0 lifts the dodge cap (Dodge.explicit_overrides); implicit signals never do.
+EXPLICIT_COMPONENTS = ("thumbs", "rating", "output")
 
 
 @dataclass(frozen=True)
@@ -99,14 +102,23 @@ class Dodge:
 
     A turn with no tool call whose output is empty ("silent"), or a short question
     ("clarify": ends with '?', at most `clarify_max_chars`), is always labelled and
-    its total is min(total, cap): it never scores above the cap, whatever feedback
-    it collects, and an unlabelled one gets the cap rather than dropping out.
+    its total is min(total, cap): without an explicit positive signal it never scores
+    above the cap (implicit credit such as session success or a satisfied follow-up
+    does not lift it), and an unlabelled one gets the cap rather than dropping out.
+
+    An explicit positive (thumbs, rating or output component > 0: the user liked the
+    reply or acted on it) is evidence the heuristic may not override: with
+    `explicit_overrides` such a dodge scores its ordinary weighted sum, so a liked
+    reply that ends with a question can be learned.
     """
 
     cap: float | None = -0.25         # None disables; must be <= 0. At -0.25 a dodge only pays when the
                                       # answer would most likely have been rejected; raise toward 0 for
                                       # tasks where asking back is often right (ambiguous requests)
     clarify_max_chars: int = 300      # longer answers that end with a question are answers
+    explicit_overrides: bool = True   # a thumbs up / rating above the middle / accept or edit lifts the cap.
+                                      # False = always capped: then a liked reply ending with a follow-up
+                                      # question scored -0.25, below a neutral answer, and was never learned
 
 
 @dataclass(frozen=True)
@@ -183,6 +195,8 @@ class RewardSpec:
         if self.dodge.cap is not None and not -1.0 <= self.dodge.cap <= 0.0:
             raise ValueError(f"dodge.cap = {self.dodge.cap!r} must be on [-1, 0] (or unset to disable): "
                              "above 0 a clarifying question would beat a neutral answer")
+        if not isinstance(self.dodge.explicit_overrides, bool):
+            raise ValueError(f"dodge.explicit_overrides = {self.dodge.explicit_overrides!r} must be true or false")
         if isinstance(self.credit, Discounted) and not (0 < self.credit.gamma <= 1 and 0 <= self.credit.min_share < 1):
             raise ValueError(f"credit gamma {self.credit.gamma!r} must be on (0, 1] and min_share on [0, 1)")
         if self.settle.window_s <= 0 or self.settle.session_end_grace_s < 0:
@@ -217,6 +231,7 @@ class RewardSpec:
             "t_invalid": float(t.invalid_arguments), "retry_cap": float(t.retry_cap),
             "latency_budget_ms": float(c.latency_budget_ms), "length_budget_chars": float(c.length_budget_chars),
             "dodge_cap": None if d.cap is None else float(d.cap), "clarify_max_chars": int(d.clarify_max_chars),
+            "dodge_explicit_overrides": int(d.explicit_overrides),  # 0/1: the engine types int params as BIGINT
             "credit_rule": credit.rule,
             "gamma": float(getattr(credit, "gamma", 1.0)), "min_share": float(getattr(credit, "min_share", 0.0)),
             "window_s": float(s.window_s), "grace_s": float(s.session_end_grace_s),

@@ -29,7 +29,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from pipelines.reward.spec import COMPONENTS
+from pipelines.reward.spec import COMPONENTS, EXPLICIT_COMPONENTS
 
 TS = pa.timestamp("us", tz="UTC")
 
@@ -92,6 +92,8 @@ CASE WHEN s.type = 'feedback' THEN CASE s.kind
 
 _COMPONENTS = COMPONENTS  # the total sums in this order, as rules.combine does (equal floats)
 _TOTAL = " + ".join(["0.0::DOUBLE"] + [f"coalesce(p.w_{c} * {c}, 0.0)" for c in _COMPONENTS])
+# rules.explicit_positive: the user liked the reply or acted on it (lifts the dodge cap when the spec says so)
+_EXPLICIT_POSITIVE = " OR ".join(f"coalesce({c}, 0.0) > 0" for c in EXPLICIT_COMPONENTS)
 
 
 TURN = "tenant, trace_id, turn_id"     # the key of a turn
@@ -202,7 +204,8 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
                   CASE WHEN t.text_class = 'empty' THEN 'silent'
                        WHEN t.text_class = 'question' AND t.out_chars <= p.clarify_max_chars THEN 'clarify' END
                   END AS dodge,
-             p.dodge_cap, p.window_s, p.grace_s, {", ".join(f"p.w_{c}" for c in _COMPONENTS)}
+             p.dodge_cap, p.dodge_explicit_overrides, p.window_s, p.grace_s,
+             {", ".join(f"p.w_{c}" for c in _COMPONENTS)}
            FROM turns t {spec_join.format('t')}
            LEFT JOIN se ON {_on('se', 't', TRACE)}
            LEFT JOIN (SELECT {TRACE}, max(turn_index) AS last_index FROM (
@@ -216,7 +219,8 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
              FROM rw0)
            SELECT turn_id, trace_id, tenant, app, task, turn_index, turn_time, {", ".join(_COMPONENTS)},
              dodge, spec_version, share, settle_at, settled_before,
-             CASE WHEN dodge IS NOT NULL THEN least(coalesce(total0, dodge_cap), dodge_cap) ELSE total0 END AS total,
+             CASE WHEN dodge IS NOT NULL AND NOT (dodge_explicit_overrides <> 0 AND ({_EXPLICIT_POSITIVE}))
+                  THEN least(coalesce(total0, dodge_cap), dodge_cap) ELSE total0 END AS total,
              labelled0 OR dodge IS NOT NULL AS labelled,
              CASE WHEN session_end_at + to_seconds(grace_s) < turn_time + to_seconds(window_s)
                   THEN 'session_end' ELSE 'window' END AS settle_reason,

@@ -82,7 +82,9 @@ def test_golden_signal(lake_root, name, events, want, total):
 @pytest.mark.parametrize("text, events, dodge, total", [
     ("", [], "silent", -0.25),                                         # silence is labelled at the cap
     ("Which order do you mean?", [], "clarify", -0.25),
-    ("Which order do you mean?", [fb("t1", "thumbs", value=1)], "clarify", -0.25),  # capped
+    ("Which order do you mean?", [fb("t1", "thumbs", value=1)], "clarify", 1.0),   # liked: explicit lifts the cap
+    ("Which order do you mean?", [fb("t1", "follow_up", text="ok", sentiment="satisfied"), end(100, success=True)],
+     "clarify", -0.25),                                                # implicit credit stays capped
     ("Which order do you mean?", [fb("t1", "thumbs", value=-1)], "clarify", -1.0),
     ("", [tool("t1", "ok")], None, None),                              # acted through a tool: not silent
     ("x" * 400 + "?", [], None, None),                                 # a long answer, not a dodge

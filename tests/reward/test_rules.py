@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 
 from pipelines.reward import rules
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pipelines.reward.spec import (
-    COMPONENTS, Discounted, LastTurn, RewardSpec, SpecBook, Tools, Uniform, Weights, load_spec_book,
+    COMPONENTS, Discounted, Dodge, LastTurn, RewardSpec, SpecBook, Tools, Uniform, Weights, load_spec_book,
 )
 
 SPEC = RewardSpec()
@@ -118,8 +121,11 @@ def comps(**kw):
     ({"rating": 0.0}, None, (True, 0.0)),                         # a middle rating IS a label of 0
     ({"output": 1.0, "follow_up": -1.0}, None, (True, 0.25)),
     ({}, "silent", (True, -0.25)),                                # silence is labelled at the cap
-    ({"thumbs": 1.0}, "clarify", (True, -0.25)),                  # a question never scores above the cap
-    ({"thumbs": -1.0}, "clarify", (True, -1.0)),                  # ...but keeps a worse score
+    ({"session": 1.0, "follow_up": 1.0}, "clarify", (True, -0.25)),  # implicit credit never lifts the cap
+    ({"thumbs": -1.0}, "clarify", (True, -1.0)),                  # ...and a worse score is kept
+    ({"thumbs": 1.0}, "clarify", (True, 1.0)),                    # a LIKED question keeps its sum
+    ({"output": 0.25}, "clarify", (True, 0.1875)),                # an edit kept is acting on the reply
+    ({"rating": 0.0, "session": 1.0}, "clarify", (True, -0.25)),  # a middle rating is no explicit positive
 ])
 def test_combine(kw, dodge, want):
     labelled, total = rules.combine(comps(**kw), dodge, SPEC)
@@ -143,11 +149,65 @@ def test_broken_tool_call_is_never_free(fb, broken):
     assert total([broken]) < total([])
 
 
-@pytest.mark.parametrize("fb", FEEDBACK)
+ALWAYS_CAPPED = RewardSpec(dodge=Dodge(explicit_overrides=False))   # the behaviour before issue #13
+IMPLICIT = [{}, {"session": 1.0}, {"follow_up": 1.0}, {"session": 1.0, "follow_up": 1.0, "abandon": None},
+            {"rating": 0.0, "session": 1.0}, {"output": -1.0, "follow_up": 1.0}, {"thumbs": -1.0, "session": 1.0}]
+
+
+@pytest.mark.parametrize("fb", FEEDBACK + IMPLICIT)
 @pytest.mark.parametrize("dodge", ["silent", "clarify"])
-def test_dodging_never_beats_the_cap(fb, dodge):
+def test_dodging_never_beats_the_cap_when_always_capped(fb, dodge):
+    _, t = rules.combine(comps(**fb), dodge, ALWAYS_CAPPED)
+    assert t <= ALWAYS_CAPPED.dodge.cap < 0
+
+
+@pytest.mark.parametrize("fb", [f for f in FEEDBACK + IMPLICIT if not rules.explicit_positive(comps(**f))])
+@pytest.mark.parametrize("dodge", ["silent", "clarify"])
+def test_needless_questions_do_not_pay_without_an_explicit_positive(fb, dodge):
+    """Cursor's hack: a question instead of a risky answer. Only the user's explicit 'yes' lifts the cap."""
     _, t = rules.combine(comps(**fb), dodge, SPEC)
     assert t <= SPEC.dodge.cap < 0
+
+
+def test_a_liked_follow_up_question_beats_a_neutral_answer():
+    """The measured failure of #13: liked replies ending with a question scored -0.25, below neutral."""
+    liked = rules.combine(comps(thumbs=1.0), "clarify", SPEC)[1]
+    neutral = [rules.combine(comps(), None, SPEC)[1] or 0.0,        # answered, no feedback (unlabelled)
+               rules.combine(comps(rating=0.0), None, SPEC)[1]]      # answered, rated in the middle
+    assert liked > 0 and all(liked > n for n in neutral)
+    assert rules.combine(comps(thumbs=1.0), "clarify", ALWAYS_CAPPED)[1] == ALWAYS_CAPPED.dodge.cap
+
+
+@pytest.mark.parametrize("broken", ["timeout", "error", "invalid_arguments"])
+def test_a_liked_reply_that_broke_a_tool_is_below_a_liked_reply_whose_tool_worked(broken):
+    def total(outcomes):
+        c = comps(thumbs=1.0, tool=rules.tool(outcomes, SPEC), retries=rules.retries(0, len(outcomes), SPEC))
+        return rules.combine(c, rules.dodge("question", 20, len(outcomes), SPEC), SPEC)[1]
+    assert total([broken]) < total(["ok"]) and total([broken]) < total([])
+
+
+_unit = st.one_of(st.none(), st.floats(-1, 1, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(c=st.fixed_dictionaries({k: _unit for k in COMPONENTS}), dodge=st.sampled_from(["silent", "clarify"]),
+       cap=st.floats(-1, 0, allow_nan=False), overrides=st.booleans())
+def test_a_dodge_without_explicit_positive_never_scores_above_the_cap(c, dodge, cap, overrides):
+    spec = RewardSpec(dodge=Dodge(cap=cap, explicit_overrides=overrides))
+    labelled, total = rules.combine(c, dodge, spec)
+    assert labelled and total is not None
+    if overrides and rules.explicit_positive(c):
+        assert total == rules.combine(c, None, spec)[1]            # the ordinary weighted sum
+    else:
+        assert total <= cap
+
+
+def test_explicit_overrides_is_validated_and_versioned():
+    with pytest.raises(ValueError, match=r"explicit_overrides = 'yes' must be true or false"):
+        SpecBook({"default": {"dodge": {"explicit_overrides": "yes"}}})
+    assert RewardSpec().params()["dodge_explicit_overrides"] == 1 and ALWAYS_CAPPED.params()["dodge_explicit_overrides"] == 0
+    assert RewardSpec().version_id != ALWAYS_CAPPED.version_id
+    assert SpecBook({"default": {"dodge": {"explicit_overrides": False}}}).resolve("a", None) == ALWAYS_CAPPED
 
 
 def test_total_bound_holds_for_extreme_components():

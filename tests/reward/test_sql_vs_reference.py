@@ -21,17 +21,26 @@ KEYS = ["tenant", "app", "task", "trace_id", "turn_id", "turn_index", "turn_time
         "dodge", "labelled", "total", "settled", "settle_at", "settle_reason", "spec_version"]
 CUSTOM = SpecBook({"version": "t", "default": {"weights": {"latency": 0.1, "length": 0.05}},
                    "tenant": {"globex": {"credit": {"rule": "last_turn"}},
-                              "acme": {"task": {"sql": {"credit": {"rule": "uniform"}, "dodge": {"cap": -0.5},
+                              "acme": {"task": {"sql": {"credit": {"rule": "uniform"},
+                                                        "dodge": {"cap": -0.5, "explicit_overrides": False},
                                                         "settle": {"window_s": 900}}}}}})
+# Feedback put on dodge turns: explicit positives (lift the cap), implicit ones and a middle rating (do not).
+DODGE_FEEDBACK = [dict(kind="thumbs", value=1), dict(kind="rating", value=5, scale_min=1, scale_max=5),
+                  dict(kind="rating", value=3), dict(kind="accept"), dict(kind="edit", text="kept"),
+                  dict(kind="follow_up", text="thanks", sentiment="satisfied"), dict(kind="thumbs", value=-1)]
 
 
 def traffic(seed: int, n_traces: int) -> list:
     rng = random.Random(seed)
     events = generate(n_traces, seed=seed, start=START)
     turns = [e for e in events if e.type == "model_turn"]
-    for e in rng.sample(turns, 20):                    # dodges: silent and clarifying turns
+    dodges = rng.sample(turns, 40)
+    for e in dodges:                                   # dodges: silent and clarifying turns
         e.output_text = rng.choice(["", "  ", "Which order do you mean?"])
     extra = []
+    for e in dodges[:30]:                              # ...most with feedback, often explicitly positive
+        extra.append(Feedback(tenant=e.tenant, app=e.app, task=e.task, trace_id=e.trace_id, turn_id=e.turn_id,
+                              event_time=e.event_time, **rng.choice(DODGE_FEEDBACK)))
     for e in rng.sample(events, 30):                   # exact re-deliveries
         extra.append(e)
     for e in rng.sample(turns, 10):                    # feedback for unknown turns
@@ -77,6 +86,9 @@ def test_engine_equals_reference_over_incremental_runs(lake_root, seed, book):
         pending = want.pending
         registry += want.settled
     assert got.settled.num_rows > 0 and len(registry) > 200
+    lifted = [r for r in registry if r["dodge"] and r["total"] > book.resolve(r["tenant"], r["task"]).dodge.cap]
+    capped = [r for r in registry if r["dodge"] and r["total"] <= book.resolve(r["tenant"], r["task"]).dodge.cap]
+    assert lifted and capped                           # both sides of the explicit-positive rule were compared
     assert {r["settled"] for r in registry} == {True}
 
 
