@@ -40,6 +40,10 @@ class TrainTurn:
     """Turns sharing a prompt (several samples of one request) share a group id (GRPO baseline)."""
     adapter_version: str | None = None
     """The adapter that served the turn ('v3', '3', 'tenant/task/v3'); None = the base model."""
+    weight: float = 1.0
+    """Per-turn loss weight in (0, 1], multiplied into the staleness weight. 1 = fresh traffic;
+    the learner's replay sets < 1 on turns trained before (age decay), so old data keeps a say
+    without outvoting new data. train_step rejects a value outside (0, 1]."""
 
 
 @dataclass(frozen=True)

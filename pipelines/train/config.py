@@ -10,6 +10,7 @@ must stay fast and must work where torch is absent.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -89,6 +90,24 @@ class PolicyGradientObjective:
     """Divide centered rewards by: the std over the whole batch (REINFORCE++-style, one scale
     for grouped and ungrouped samples), each group's std (GRPO; known to up-weight groups that
     are almost all right or all wrong), or nothing (Dr. GRPO: unbiased, scale follows rewards)."""
+    uniform_groups: Literal["task_baseline", "drop"] = "task_baseline"
+    """A group whose rewards are all equal (all liked, or all disliked) has no signal under its own
+    mean. 'task_baseline': centre its samples on the per-task baseline instead (the running EMA,
+    else the leave-one-out mean of every other sample of the task in the batch), so an all-liked
+    group in a mostly-disliked batch is pushed up hard and an all-disliked one down a little.
+    'drop': discard such groups (plain GRPO). Default 'task_baseline' because with 4 samples per
+    prompt and a 2-10% base rate most groups are uniform: 'drop' trained 8-12 of ~400 turns per
+    iteration and threw away most liked replies (issue #13). The task baseline ignores prompt
+    difficulty, so it adds variance (the prompt's share of the reward is credited to the reply);
+    it adds no bias, since the baseline never depends on the sample's own reply."""
+    positive_bc_coef: float = 0.0
+    """Weight of an extra filtered behaviour-cloning term on turns with reward > ``positive_threshold``:
+    coef·(−Σ mask·log π_θ)/N over those turns, N the step's token count (as the PG loss), the same
+    k3 KL leash. Not an unbiased policy gradient: it imitates liked replies in proportion to how
+    often the behaviour policy produced them and ignores q. 0 = off (opt-in)."""
+    positive_threshold: float = 0.0
+    """Turns with reward strictly above this count as positive for ``positive_bc_coef``. 0.0: a
+    thumbs-up (+1) counts, neutral (0) and thumbs-down do not."""
 
     def __post_init__(self) -> None:
         _check(self.correction in ("tis", "cispo", "mis"),
@@ -103,6 +122,12 @@ class PolicyGradientObjective:
         _check(0.0 <= self.baseline_ema_decay < 1.0, f"objective.baseline_ema_decay={self.baseline_ema_decay!r} must be in [0, 1)")
         _check(self.advantage_norm in ("batch", "group", "none"),
                f"objective.advantage_norm={self.advantage_norm!r}; choose 'batch', 'group' or 'none'")
+        _check(self.uniform_groups in ("task_baseline", "drop"),
+               f"objective.uniform_groups={self.uniform_groups!r}; choose 'task_baseline' or 'drop'")
+        _check(math.isfinite(self.positive_bc_coef) and self.positive_bc_coef >= 0.0,
+               f"objective.positive_bc_coef={self.positive_bc_coef!r} must be a finite number >= 0 (0 disables the term)")
+        _check(math.isfinite(self.positive_threshold),
+               f"objective.positive_threshold={self.positive_threshold!r} must be finite (0.0: thumbs-up only)")
 
 
 @dataclass(frozen=True)
@@ -165,13 +190,21 @@ class StalenessSettings:
     IS correction handles a small policy gap; many versions back, ρ is mostly clipped and the
     sample adds bias. Samples at most ``max_versions_behind`` old count fully; older ones are
     dropped or down-weighted.
+
+    Why the defaults are lenient: the learner continues a training branch from its own latest
+    (possibly rejected) candidate, while traffic is still served by the champion, so the learner
+    is routinely several versions ahead of the data. The truncated-IS ratio π_θ/q against the
+    logged behaviour logprobs already corrects that policy gap token by token; dropping old
+    samples would throw away all the traffic of a long branch.
     """
 
-    max_versions_behind: int = 2
-    """K: samples from version v are fresh while (current − v) <= K."""
-    mode: Literal["drop", "downweight"] = "drop"
-    """Older than K: 'drop' them, or 'downweight' their loss by ``weight``."""
-    weight: float = 0.25
+    max_versions_behind: int = 8
+    """K: samples from version v are fresh while (current − v) <= K. 8 covers a branch of several
+    rejected candidates ahead of the serving champion (IS corrects the gap, see above)."""
+    mode: Literal["drop", "downweight"] = "downweight"
+    """Older than K: 'drop' them, or 'downweight' their loss by ``weight``. 'downweight': very old
+    traffic still carries its reward signal, at half the say of fresh traffic."""
+    weight: float = 0.5
     """Loss weight of a sample older than K in 'downweight' mode."""
 
     def __post_init__(self) -> None:

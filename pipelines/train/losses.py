@@ -129,6 +129,50 @@ def policy_gradient_loss(
     return loss, metrics
 
 
+def positive_bc_loss(
+    logprobs: Tensor,
+    mask: Tensor,
+    positive: Tensor,
+    coef: float,
+    *,
+    sample_weights: Tensor | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Filtered behaviour cloning on liked turns, token-normalized like :func:`policy_gradient_loss`:
+
+        L = coef · Σ_{b positive, t} mask·w_b·(−log π_θ,t) / N,   N = Σ mask (or ``num_tokens``)
+
+    N counts every token of the step, positive or not, so the term's weight per liked token is
+    the PG term's and the micro-batch split does not change it. It has no KL of its own: it is
+    added to the PG loss of the same tokens, whose k3 term keeps π_θ near the reference.
+
+    Bias, on purpose: this is not an unbiased policy-gradient estimator. It raises the likelihood
+    of liked replies in proportion to how often the behaviour policy produced them (a frequent
+    liked reply is imitated more than a rare one) and ignores q (no importance correction). It is
+    a push toward what users liked when positives are too rare for the advantage alone, leashed
+    by the KL term; ``coef`` = 0 turns it off.
+    """
+    m = mask.to(logprobs.dtype)
+    valid = m > 0
+    n = float(num_tokens) if num_tokens is not None else float(m.sum().item())
+    denom = max(n, 1.0)
+    logprobs = torch.where(valid, logprobs, torch.zeros_like(logprobs))  # padding may hold -inf/NaN
+    w = m * positive.to(logprobs.dtype).unsqueeze(-1)
+    if sample_weights is not None:
+        w = w * sample_weights.to(logprobs.dtype).unsqueeze(-1)
+    nll = -(logprobs * w).sum() / denom
+    loss = float(coef) * nll
+    with torch.no_grad():
+        pos_tok = valid & (positive.unsqueeze(-1) > 0)
+        metrics = {
+            "bc_loss": float(loss.item()),
+            "bc_nll": float(-logprobs.detach()[pos_tok].mean().item()) if pos_tok.any() else math.nan,
+            "bc_tokens": float(pos_tok.sum().item()),
+            "bc_samples": float((positive > 0).sum().item()),
+        }
+    return loss, metrics
+
+
 class Advantages(NamedTuple):
     advantages: Tensor  # [B] float32, 0 where not kept
     keep: Tensor  # [B] bool: False = the sample carries no signal (drop it from the batch)
@@ -147,20 +191,38 @@ def compute_advantages(
 
     Baseline b_i:
     - group (GRPO): samples sharing a group id, in a group of ≥ ``group_min_size``, use the
-      group mean. A group whose rewards are all equal (std < 1e-6) has no signal: its samples
-      get keep=False (they would only add KL and dilute N).
-    - otherwise the running per-task baseline (EMA of past batches' task mean). A task seen for
-      the first time uses the leave-one-out mean of its other ungrouped samples in this batch
-      (RLOO); a lone first sample has no baseline and gets keep=False.
+      group mean, when the group's rewards differ.
+    - a *uniform* group (all rewards equal, std < 1e-6) has no signal under its own mean.
+      ``cfg.uniform_groups='task_baseline'`` centres its samples on the task baseline below, the
+      running EMA if the task has one, else the leave-one-out mean over ALL other samples of the
+      task in this batch (grouped or not); 'drop' discards the group (keep=False).
+      Trade-off: the group mean removes the prompt's difficulty from the advantage (low variance)
+      but is blind whenever a group is uniform, which with 4 samples and a 2-10% base rate is
+      most groups, and most liked replies. The task baseline sees them (an all-liked group in a
+      mostly-disliked batch gets a large positive advantage, an all-disliked one a small negative
+      one) at the price of variance: an easy prompt's all-liked group is credited with what the
+      prompt did. Neither baseline depends on the sample's own reply, so neither adds bias.
+    - ungrouped samples: the running per-task baseline; a task seen for the first time uses the
+      leave-one-out mean of its other ungrouped samples in this batch (RLOO); a lone first
+      sample has no baseline and gets keep=False.
     The EMA is updated only after the advantages are computed, so no b_i contains R_i (a
     baseline that includes the sample's own reward biases its advantage toward zero).
+    A sample whose centered value is |R − b| < 1e-6 carries no signal either (e.g. a batch where
+    every reward is equal) and gets keep=False: it would only add KL and dilute N.
 
     Scale s (``cfg.advantage_norm``): 'batch' = RMS of the kept centered values (scale only;
-    grouped values have zero mean already); 'group' = each group's unbiased std (GRPO), ungrouped
-    samples use their RMS; 'none' = 1 (Dr. GRPO). A scale below 1e-6 is left at 1.
+    grouped values have zero mean already); 'group' = each group's unbiased std (GRPO), samples
+    centred on a task baseline use their RMS; 'none' = 1 (Dr. GRPO). A scale below 1e-6 is left
+    at 1. One scale for the batch keeps the ratios of the centered values: with one liked group
+    among many disliked ones, the RMS is small (dominated by the many small negatives), so the
+    liked replies' |A| is large, ≈ sqrt(B / n_liked) when they are rare.
 
     The EMA update, per task present: b ← m if new else decay·b + (1−decay)·m, m = the batch
     mean reward of that task (all its samples, grouped or not).
+
+    Metrics count what was dropped and why: ``zero_var_groups`` uniform groups seen,
+    ``uniform_rebased`` their samples centred on the task baseline, ``dropped_uniform`` their
+    samples discarded ('drop'), ``dropped_no_baseline``, ``dropped_zero_advantage``.
     """
     r = torch.as_tensor(rewards, dtype=torch.float64).flatten()
     B = r.numel()
@@ -173,12 +235,14 @@ def compute_advantages(
     keep = torch.zeros(B, dtype=torch.bool)
     scale = torch.ones(B, dtype=torch.float64)
     in_group = torch.zeros(B, dtype=torch.bool)
+    on_task_baseline = torch.zeros(B, dtype=torch.bool)  # centred on the task's b, not a group mean
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, g in enumerate(group_ids):
         if g is not None:
             members[g].append(i)
 
-    zero_var_groups = 0
+    zero_var_groups = dropped_uniform = 0
+    rebase: list[int] = []  # samples of uniform groups, centred on the task baseline below
     for idx in members.values():
         if len(idx) < cfg.group_min_size:
             continue
@@ -187,17 +251,36 @@ def compute_advantages(
         std = r[ix].std(unbiased=True)
         if std < ZERO_STD:
             zero_var_groups += 1
+            if cfg.uniform_groups == "drop":
+                dropped_uniform += len(idx)
+            else:
+                rebase.extend(idx)
             continue
         centered[ix] = r[ix] - r[ix].mean()
         keep[ix] = True
         if cfg.advantage_norm == "group":
             scale[ix] = std
 
+    by_task: dict[Hashable, list[int]] = defaultdict(list)
     ungrouped_by_task: dict[Hashable, list[int]] = defaultdict(list)
-    for i in range(B):
+    for i, t in enumerate(task_ids):
+        by_task[t].append(i)
         if not in_group[i]:
-            ungrouped_by_task[task_ids[i]].append(i)
+            ungrouped_by_task[t].append(i)
+    task_sum = {t: float(r[idx].sum()) for t, idx in by_task.items()}
+
     no_baseline = 0
+    for i in rebase:  # uniform groups: EMA, else leave-one-out over every other sample of the task
+        task = task_ids[i]
+        if task in task_baselines:
+            b = float(task_baselines[task])
+        elif len(by_task[task]) >= 2:
+            b = (task_sum[task] - float(r[i])) / (len(by_task[task]) - 1)
+        else:  # unreachable for groups of >= 2, kept for clarity
+            no_baseline += 1
+            continue
+        centered[i] = r[i] - b
+        keep[i] = on_task_baseline[i] = True
     for task, idx in ungrouped_by_task.items():
         for i in idx:
             if task in task_baselines:
@@ -208,19 +291,19 @@ def compute_advantages(
                 no_baseline += 1
                 continue
             centered[i] = r[i] - b
-            keep[i] = True
+            keep[i] = on_task_baseline[i] = True
 
-    ungrouped_kept = keep & ~in_group
+    no_signal = keep & (centered.abs() < ZERO_STD)
+    keep &= ~no_signal
+
+    task_kept = keep & on_task_baseline
     if cfg.advantage_norm == "batch" and keep.any():
         scale[:] = _rms_or_one(centered[keep])
-    elif cfg.advantage_norm == "group" and ungrouped_kept.any():
-        scale[ungrouped_kept] = _rms_or_one(centered[ungrouped_kept])
+    elif cfg.advantage_norm == "group" and task_kept.any():
+        scale[task_kept] = _rms_or_one(centered[task_kept])
     adv = torch.where(keep, centered / scale, torch.zeros_like(centered))
 
     baselines = dict(task_baselines)
-    by_task: dict[Hashable, list[int]] = defaultdict(list)
-    for i, t in enumerate(task_ids):
-        by_task[t].append(i)
     for task, idx in by_task.items():
         mean = float(r[idx].mean())
         old = baselines.get(task)
@@ -235,7 +318,10 @@ def compute_advantages(
         "kept": float(keep.sum()),
         "grouped": float(in_group.sum()),
         "zero_var_groups": float(zero_var_groups),
-        "no_baseline": float(no_baseline),
+        "uniform_rebased": float((in_group & on_task_baseline).sum()),
+        "dropped_uniform": float(dropped_uniform),
+        "dropped_no_baseline": float(no_baseline),
+        "dropped_zero_advantage": float(no_signal.sum()),
     }
     return Advantages(adv.float(), keep, baselines, metrics)
 

@@ -3,7 +3,8 @@
 Reads top to bottom like nanoGPT's loop. Phases, in order:
   1. load the base (fp32) and wrap it with LoRA: fresh from the config, or the parent adapter
      loaded trainable;
-  2. encode turns; staleness weights (drop / down-weight turns served by old adapters);
+  2. encode turns; staleness weights (drop / down-weight turns served by old adapters) times each
+     turn's own replay weight;
   3. advantages (policy gradient) or desirable labels (KTO); drop samples with no signal;
   4. ``steps_per_iteration`` optimizer steps, each over its slice of the batch, in micro-batches:
      reference logprobs from the SAME model with adapters disabled (no grad), then the policy
@@ -31,6 +32,7 @@ from typing import Any, Hashable, Sequence
 from pipelines.train.adapters import write_folder_atomically
 from pipelines.train.batch import EncodedTurn, TrainTurn, collate, encode_turns
 from pipelines.train.config import KTOObjective, TrainConfig
+from pipelines.train.optim_state import OPTIMIZER_FILE, load_optimizer_state, save_optimizer_state
 
 _VERSION = re.compile(r"(?:^|[/:])v?([0-9]+)$")
 
@@ -202,16 +204,20 @@ def train_step(
     *,
     current_version: int | None = None,
     task_baselines: dict[Hashable, float] | None = None,
+    optimizer_state: Path | None = None,
 ) -> StepResult:
     """Train the adapter on ``turns`` and save it to ``out_dir`` (must not exist).
 
     ``current_version``: the version being trained from (staleness is measured against it);
     default: the parent's ``tracerl.json`` version or its ``v<N>`` folder name, 0 without one.
     ``task_baselines``: running per-task reward baselines from the previous call.
+    ``optimizer_state``: the parent's ``optimizer.safetensors`` (AdamW moments and step count) to
+    continue from; None starts a fresh AdamW. Saved again beside the new adapter either way.
     """
     import torch
 
-    from pipelines.train.losses import compute_advantages, kto_loss, policy_gradient_loss, sequence_logprobs
+    from pipelines.train.losses import (
+        compute_advantages, kto_loss, policy_gradient_loss, positive_bc_loss, sequence_logprobs)
 
     t_start = time.perf_counter()
     obj, opt_cfg = cfg.objective, cfg.optimizer
@@ -230,10 +236,14 @@ def train_step(
         n_trainable = sum(p.numel() for p in params)
         current = current_version if current_version is not None else _parent_version(parent_adapter_dir)
 
-        # 2. encode + staleness ----------------------------------------------------------
+        # 2. encode + staleness (x the turn's own replay weight) -------------------------
+        for t in turns:
+            if not (math.isfinite(t.weight) and 0.0 < t.weight <= 1.0):
+                raise ValueError(f"turn {t.turn_id!r}: weight={t.weight!r} must be finite and in (0, 1]; "
+                                 f"1 = fresh, < 1 = replayed (age decay); leave a turn out rather than weight it 0")
         encoded, summary = encode_turns(turns, tokenizer)
         summary.update({"seed": float(seed), "current_version": float(current), "trainable_params": float(n_trainable),
-                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "unknown_version": 0.0})
+                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "unknown_version": 0.0, "replayed": 0.0})
         weighted: list[tuple[EncodedTurn, float]] = []
         for e in encoded:
             v = parse_version(e.turn.adapter_version)
@@ -246,28 +256,44 @@ def train_step(
                 summary["stale_dropped"] += 1
                 continue
             summary["stale_downweighted"] += w < 1.0
-            weighted.append((e, w))
+            summary["replayed"] += e.turn.weight < 1.0
+            weighted.append((e, w * e.turn.weight))
 
         # 3. advantages / labels ---------------------------------------------------------
         if isinstance(obj, KTOObjective):
             kept = [(e, w) for e, w in weighted if e.turn.reward != 0.0]  # KTO needs thumbs up or down
             summary["neutral_dropped"] = float(len(weighted) - len(kept))
             signal = [1.0 if e.turn.reward > 0 else 0.0 for e, _ in kept]  # desirable flag
+            positive = [False] * len(kept)
             baselines = dict(task_baselines or {})
         else:
             adv = compute_advantages([e.turn.reward for e, _ in weighted], [e.turn.group_id for e, _ in weighted],
                                      [e.turn.task for e, _ in weighted], dict(task_baselines or {}), obj)
-            summary.update(adv.metrics)  # reward_mean, adv_mean/std, kept, zero_var_groups, ...
-            kept = [ew for ew, k in zip(weighted, adv.keep.tolist()) if k]
-            signal = [a for a, k in zip(adv.advantages.tolist(), adv.keep.tolist()) if k]
+            summary.update(adv.metrics)  # reward_mean, adv_mean/std, kept, zero_var_groups, dropped_*, ...
+            # a liked turn with no PG signal (e.g. a dropped uniform group) still trains through the
+            # behaviour-cloning term when it is on; its advantage is 0
+            bc = obj.positive_bc_coef > 0
+            is_pos = [bc and e.turn.reward > obj.positive_threshold for e, _ in weighted]
+            chosen = [i for i, k in enumerate(adv.keep.tolist()) if k or is_pos[i]]
+            kept = [weighted[i] for i in chosen]
+            signal = [float(adv.advantages[i]) if adv.keep[i] else 0.0 for i in chosen]
+            positive = [is_pos[i] for i in chosen]
             baselines = adv.baselines
+            summary["bc_samples"] = float(sum(positive))
+            summary["bc_only"] = float(sum(1 for i in chosen if not adv.keep[i]))
+            print("train_step: advantages " + " ".join(f"{k}={summary[k]:g}" for k in (
+                "samples", "kept", "zero_var_groups", "uniform_rebased", "dropped_uniform", "dropped_no_baseline",
+                "dropped_zero_advantage", "bc_samples", "bc_only")))
         summary["trained_samples"] = float(len(kept))
         print(f"train_step: {len(turns)} turns -> {len(kept)} with signal; version {current}; "
+              f"{int(summary['replayed'])} replayed, {int(summary['stale_downweighted'])} down-weighted; "
               f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}")
 
         # 4. optimizer steps ---------------------------------------------------------------
         parts_ok = _decoder_and_head(model) is not None  # the head-only / shared-prefix path
         optimizer = torch.optim.AdamW(params, lr=opt_cfg.lr, betas=opt_cfg.betas, weight_decay=opt_cfg.weight_decay)
+        summary["optimizer_resumed_step"] = float(load_optimizer_state(optimizer, optimizer_state)
+                                                  if optimizer_state is not None else 0)
         steps: list[dict[str, float]] = []
         for step, idx in enumerate(_slices(len(kept), opt_cfg.steps_per_iteration, gen) if kept else []):
             t0 = time.perf_counter()
@@ -308,6 +334,12 @@ def train_step(
                     q = torch.where(batch.has_behaviour[:, None], batch.behaviour_logprobs[:, 1:], lp.detach())
                     loss, m = policy_gradient_loss(lp, q, ref_lp, sig, mask, obj, sample_weights=weights,
                                                    num_tokens=step_tokens)
+                    pos = torch.tensor([positive[i] for i in mb], dtype=torch.bool)
+                    if obj.positive_bc_coef > 0 and bool(pos.any()):  # shares the PG term's k3 KL leash
+                        bc_loss, bm = positive_bc_loss(lp, mask, pos, obj.positive_bc_coef, sample_weights=weights,
+                                                       num_tokens=step_tokens)
+                        loss = loss + bc_loss
+                        acc["bc_loss"] = acc.get("bc_loss", 0.0) + bm["bc_loss"]
                     ntok = m["tokens"]
                 loss.backward()
                 acc["loss"] += float(loss.item())
@@ -335,7 +367,7 @@ def train_step(
                 "adv_mean": float(sig_t.mean()), "adv_std": float(sig_t.std(unbiased=False)),
                 "ratio_mean": acc["ratio_tok"] / tok, "ratio_max": acc["ratio_max"], "ratio_min": acc["ratio_min"],
                 "clip_frac": acc["clip_tok"] / tok, "kl": acc["kl_tok"] / tok, "grad_norm": grad_norm,
-                "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr,
+                "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr, "bc_loss": acc.get("bc_loss", 0.0),
                 # share of positions each forward did not recompute: the micro-batch's common prefix
                 # ran once (output_logprobs); 0 on models without the decoder/head split
                 "prefix_reuse_frac": acc["prefix_reused"] / max(acc["positions"], 1.0),
@@ -349,7 +381,11 @@ def train_step(
             raise RuntimeError("base weights changed during train_step; only LoRA parameters may train")
 
         # 5. save --------------------------------------------------------------------------
-        write_folder_atomically(out_dir, lambda tmp: model.save_pretrained(tmp, safe_serialization=True))
+        def save(tmp: Path) -> None:
+            model.save_pretrained(tmp, safe_serialization=True)
+            save_optimizer_state(optimizer, tmp / OPTIMIZER_FILE)  # the branch's next step continues from it
+
+        write_folder_atomically(out_dir, save)
 
     summary.update({"optimizer_steps": float(len(steps)), "base_unchanged": True,
                     "wall_s": time.perf_counter() - t_start,

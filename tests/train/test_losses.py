@@ -7,12 +7,15 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines.train.config import KTOObjective, PolicyGradientObjective
 from pipelines.train.losses import (
     compute_advantages,
     kto_loss,
     policy_gradient_loss,
+    positive_bc_loss,
     sequence_logprobs,
     token_logprobs,
 )
@@ -205,12 +208,67 @@ def test_group_advantages_batch_rms_and_none():
     assert torch.allclose(raw.advantages, torch.tensor([0.75, -0.25, -0.25, -0.25]))
 
 
-def test_zero_variance_group_is_masked():
-    out = compute_advantages([1, 1, 0, 1], ["a", "a", "b", "b"], ["t"] * 4, {}, pg(advantage_norm="none"))
+def test_zero_variance_group_is_masked_in_drop_mode():
+    out = compute_advantages([1, 1, 0, 1], ["a", "a", "b", "b"], ["t"] * 4, {},
+                             pg(advantage_norm="none", uniform_groups="drop"))
     # group a is all 1: no signal; group b = [0, 1] → centered [−0.5, 0.5]
     assert out.keep.tolist() == [False, False, True, True]
     assert torch.allclose(out.advantages, torch.tensor([0.0, 0.0, -0.5, 0.5]))
-    assert out.metrics["zero_var_groups"] == 1
+    assert out.metrics["zero_var_groups"] == 1 and out.metrics["dropped_uniform"] == 2
+    assert out.metrics["uniform_rebased"] == 0
+
+
+def test_uniform_group_is_centred_on_leave_one_out_task_mean_by_default():
+    out = compute_advantages([1, 1, 0, 1], ["a", "a", "b", "b"], ["t"] * 4, {}, pg(advantage_norm="none"))
+    # group a (all 1) → b = mean of the 3 other samples of task t (grouped or not) = (1+0+1)/3;
+    # A = 1 − 2/3 = 1/3. Group b keeps its own mean: [−0.5, 0.5].
+    assert out.keep.all()
+    assert torch.allclose(out.advantages, torch.tensor([1 / 3, 1 / 3, -0.5, 0.5]))
+    assert out.metrics["zero_var_groups"] == 1 and out.metrics["uniform_rebased"] == 2
+    assert out.metrics["dropped_uniform"] == 0
+
+
+def test_uniform_group_uses_the_running_task_baseline_when_there_is_one():
+    out = compute_advantages([-1, -1, 1, 1], ["a", "a", "b", "b"], ["t"] * 4, {"t": -0.8},
+                             pg(advantage_norm="none"))
+    # both groups uniform: centred on the EMA −0.8 → a: −0.2, b: +1.8
+    assert torch.allclose(out.advantages, torch.tensor([-0.2, -0.2, 1.8, 1.8]))
+    assert out.metrics["uniform_rebased"] == 4
+
+
+def test_a_batch_of_equal_rewards_is_dropped_as_zero_advantage():
+    out = compute_advantages([-1.0] * 8, ["a"] * 4 + ["b"] * 4, ["t"] * 8, {}, pg())
+    # every leave-one-out mean is −1: R − b = 0 for all, nothing to learn
+    assert not out.keep.any() and out.advantages.abs().max() == 0
+    assert out.metrics["dropped_zero_advantage"] == 8 and out.metrics["kept"] == 0
+    assert out.metrics["zero_var_groups"] == 2
+
+
+def test_rare_liked_group_gets_a_large_advantage_and_is_kept():
+    # 1 liked group of 4 among 25 disliked groups (100 samples), all uniform, batch-RMS scale
+    rewards = [1.0] * 4 + [-1.0] * 100
+    groups = [f"g{i // 4}" for i in range(104)]
+    out = compute_advantages(rewards, groups, ["t"] * 104, {}, pg())
+    liked, disliked = out.advantages[:4], out.advantages[4:]
+    assert out.keep.all()
+    assert (liked > 0).all() and (disliked < 0).all()
+    assert liked.min() >= 3 * disliked.abs().max()
+    assert liked.min() > 3.0  # ≈ sqrt(104 / 4) = 5.1: the rare positive is not scaled away
+    dropped = compute_advantages(rewards, groups, ["t"] * 104, {}, pg(uniform_groups="drop"))
+    assert not dropped.keep.any() and dropped.metrics["dropped_uniform"] == 104
+
+
+@given(liked=st.integers(1, 4), disliked=st.integers(1, 60), size=st.integers(2, 6))
+@settings(max_examples=40, deadline=None)
+def test_uniform_groups_liked_over_disliked_advantage_is_their_count_ratio(liked, disliked, size):
+    # k liked and m disliked uniform groups: b_i = (S − R_i)/(n − 1) with S = size·(k − m),
+    # n = size·(k + m) gives A_liked / |A_disliked| = (n − S)/(n + S) = m / k exactly
+    rewards = [1.0] * (liked * size) + [-1.0] * (disliked * size)
+    groups = [i // size for i in range(len(rewards))]
+    out = compute_advantages(rewards, groups, ["t"] * len(rewards), {}, pg())
+    a = out.advantages.double()
+    assert out.keep.all()
+    assert float(a[0] / -a[-1]) == pytest.approx(disliked / liked, rel=1e-5)
 
 
 def test_ungrouped_uses_task_baseline_then_ema_update():
@@ -227,7 +285,7 @@ def test_new_task_uses_leave_one_out_and_lone_sample_has_no_baseline():
     # "new": b_0 = R_1 = 0 → 1; b_1 = R_0 = 1 → −1. "lonely": no baseline → dropped
     assert out.keep.tolist() == [True, True, False]
     assert torch.allclose(out.advantages, torch.tensor([1.0, -1.0, 0.0]))
-    assert out.metrics["no_baseline"] == 1
+    assert out.metrics["dropped_no_baseline"] == 1
     assert out.baselines == {"new": 0.5, "lonely": 5.0}  # first sight: batch mean
 
 
@@ -239,6 +297,33 @@ def test_singleton_group_falls_back_to_task_baseline():
 def test_advantages_reject_mismatched_lengths():
     with pytest.raises(ValueError, match="one entry per sample"):
         compute_advantages([1.0, 0.0], [None], ["t", "t"], {}, pg())
+
+
+# ---------------------------------------------------------------- positive behaviour cloning
+
+
+def test_positive_bc_loss_hand_computed():
+    lp = leaf([[-1.0, -2.0, -3.0], [-0.5, -0.25, float("nan")]])  # NaN on padding must not leak
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    positive = torch.tensor([True, False])
+    loss, m = positive_bc_loss(lp, mask, positive, 0.5)
+    # N = 5 (all tokens, not only the positive ones); −Σ logπ over row 0 = 6 → 0.5·6/5 = 0.6
+    assert loss.item() == pytest.approx(0.6)
+    loss.backward()
+    expected = torch.tensor([[-0.1] * 3, [0.0, 0.0, 0.0]])  # ∂L/∂logπ = −coef/N on liked tokens only
+    assert torch.allclose(lp.grad, expected)
+    assert m["bc_tokens"] == 3 and m["bc_samples"] == 1 and m["bc_nll"] == pytest.approx(2.0)
+
+
+def test_positive_bc_loss_uses_the_step_token_count_and_sample_weights():
+    lp = leaf([[-1.0, -2.0, -3.0], [-0.5, -0.25, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss, _ = positive_bc_loss(lp, mask, torch.tensor([True, True]), 1.0,
+                               sample_weights=torch.tensor([0.5, 1.0]), num_tokens=10)
+    # (0.5·6 + 1·0.75) / 10 = 0.375
+    assert loss.item() == pytest.approx(0.375)
+    none, m = positive_bc_loss(lp, mask, torch.tensor([False, False]), 1.0)
+    assert none.item() == 0.0 and m["bc_tokens"] == 0
 
 
 # ---------------------------------------------------------------- KTO

@@ -158,7 +158,8 @@ def test_missing_behaviour_and_retokenized_turns_are_counted(tiny, tok, tmp_path
 
 def test_stale_turns_are_dropped_or_downweighted(tiny, tok, tmp_path):
     old = _turns(tok, version="acme/qa/v1")
-    res = train_step(tiny, None, old, _cfg(steps=1, max_versions_behind=2), tmp_path / "d", seed=0, current_version=5)
+    res = train_step(tiny, None, old, _cfg(steps=1, max_versions_behind=2, mode="drop"), tmp_path / "d", seed=0,
+                     current_version=5)
     assert res.summary["stale_dropped"] == 4 and res.steps == []
     res = train_step(tiny, None, old, _cfg(steps=1, max_versions_behind=2, mode="downweight"), tmp_path / "w",
                      seed=0, current_version=5)
@@ -290,3 +291,63 @@ def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tin
     batch = collate(enc, tok.pad_token_id)
     want = 2 * shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) / batch.input_ids.numel()
     assert res.steps[0]["prefix_reuse_frac"] == pytest.approx(want) and want > 0.1
+
+
+def _uniform_turns(tok, liked=(1.0, 1.0), disliked=(-1.0, -1.0)) -> list[TrainTurn]:
+    """Group p0 all liked, group p1 all disliked: no signal under either group's own mean."""
+    return _turns(tok, rewards=liked)[:2] + _turns(tok, rewards=disliked)[2:]
+
+
+def test_uniform_groups_train_on_the_task_baseline_and_the_summary_says_why(tiny, tok, tmp_path, capsys):
+    turns = _uniform_turns(tok)
+    prompt, good = turns[0].prompt_token_ids, turns[0].output_token_ids
+    drop = train_step(tiny, None, turns, _cfg(PolicyGradientObjective(uniform_groups="drop"), steps=2),
+                      tmp_path / "drop", seed=0)
+    assert drop.steps == [] and drop.summary["trained_samples"] == 0
+    assert drop.summary["zero_var_groups"] == 2 and drop.summary["dropped_uniform"] == 4
+
+    res = train_step(tiny, None, turns, _cfg(steps=4, lr=2e-3), tmp_path / "tb", seed=0)
+    assert res.summary["trained_samples"] == 4 and res.summary["uniform_rebased"] == 4
+    assert res.summary["zero_var_groups"] == 2 and res.summary["dropped_uniform"] == 0
+    assert "uniform_rebased=4" in capsys.readouterr().out
+    # the all-liked group's reply became more likely than under the base
+    assert _seq_logprob(tiny, res.adapter_dir, prompt, good) > _seq_logprob(tiny, None, prompt, good) + 0.1
+
+    same = train_step(tiny, None, _uniform_turns(tok, liked=(-1.0, -1.0)), _cfg(steps=1), tmp_path / "eq", seed=0)
+    assert same.summary["dropped_zero_advantage"] == 4 and same.steps == []
+
+
+def test_positive_bc_term_trains_liked_turns_the_advantage_dropped(tiny, tok, tmp_path):
+    turns = _uniform_turns(tok)
+    prompt, good = turns[0].prompt_token_ids, turns[0].output_token_ids
+    obj = PolicyGradientObjective(uniform_groups="drop", positive_bc_coef=1.0)
+    res = train_step(tiny, None, turns, _cfg(obj, steps=4, lr=2e-3), tmp_path / "bc", seed=0)
+    assert res.summary["bc_samples"] == 2 and res.summary["bc_only"] == 2 and res.summary["trained_samples"] == 2
+    assert all(s["bc_loss"] > 0 for s in res.steps) and len(res.steps) == 4
+    assert sorted(res.turn_ids) == sorted(t.turn_id for t in turns[:2])  # the disliked ones never trained
+    assert _seq_logprob(tiny, res.adapter_dir, prompt, good) > _seq_logprob(tiny, None, prompt, good) + 0.1
+
+
+def test_turn_weight_scales_the_loss_and_counts_as_replayed(tiny, tok, tmp_path):
+    turns = _turns(tok, with_behaviour=True, tiny=tiny)
+    full = train_step(tiny, None, turns, _cfg(steps=1), tmp_path / "full", seed=0)
+    half = train_step(tiny, None, [dataclasses.replace(t, weight=0.5) for t in turns], _cfg(steps=1),
+                      tmp_path / "half", seed=0)
+    # first step, before any update: every term of the loss is linear in the sample weight
+    assert half.steps[0]["loss"] == pytest.approx(0.5 * full.steps[0]["loss"], rel=1e-5)
+    assert half.summary["replayed"] == 4 and full.summary["replayed"] == 0
+    for bad in (0.0, 1.5, float("nan")):
+        broken = [turns[0], dataclasses.replace(turns[1], weight=bad)] + turns[2:]
+        with pytest.raises(ValueError, match=f"turn {turns[1].turn_id!r}: weight="):
+            train_step(tiny, None, broken, _cfg(steps=1), tmp_path / f"bad{bad}", seed=0)
+
+
+def test_default_staleness_trains_a_long_branch(tiny, tok, tmp_path):
+    # served by the champion v1 while the learner's branch is at v9 (8 ahead): full weight;
+    # at v12 (11 ahead) down-weighted to 0.5, never dropped
+    old = _turns(tok, version="acme/qa/v1")
+    near = train_step(tiny, None, old, _cfg(steps=1), tmp_path / "near", seed=0, current_version=9)
+    assert near.summary["stale_dropped"] == 0 and near.summary["stale_downweighted"] == 0
+    far = train_step(tiny, None, old, _cfg(steps=1), tmp_path / "far", seed=0, current_version=12)
+    assert far.summary["stale_dropped"] == 0 and far.summary["stale_downweighted"] == 4
+    assert far.steps[0]["loss"] == pytest.approx(0.5 * near.steps[0]["loss"], rel=1e-5)

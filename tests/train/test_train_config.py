@@ -32,6 +32,9 @@ def test_defaults_are_valid_and_round_trip():
     (lambda: PolicyGradientObjective(mis_min=1.5), "mis_min=1.5"),
     (lambda: PolicyGradientObjective(kl_coef=-1.0), "kl_coef=-1.0"),
     (lambda: PolicyGradientObjective(group_min_size=1), "group_min_size=1"),
+    (lambda: PolicyGradientObjective(uniform_groups="keep"), "'keep'"),
+    (lambda: PolicyGradientObjective(positive_bc_coef=-0.5), "positive_bc_coef=-0.5"),
+    (lambda: PolicyGradientObjective(positive_threshold=float("nan")), "positive_threshold=nan"),
     (lambda: KTOObjective(beta=0.0), "beta=0.0"),
     (lambda: OptimizerSettings(lr=0.5), "lr=0.5"),
     (lambda: OptimizerSettings(micro_batch_size=0), "micro_batch_size=0"),
@@ -52,6 +55,17 @@ def test_from_dict_dispatches_on_kind_and_rejects_unknown_keys():
         TrainConfig.from_dict({"optimizer": {"learning_rate": 1e-4}})
     with pytest.raises(ValueError, match="objective.kind='dpo'"):
         objective_from_dict({"kind": "dpo"})
+
+
+def test_defaults_keep_rare_positives_and_long_branches():
+    obj = PolicyGradientObjective()
+    assert obj.uniform_groups == "task_baseline" and obj.positive_bc_coef == 0.0 and obj.positive_threshold == 0.0
+    st = StalenessSettings()
+    assert (st.max_versions_behind, st.mode, st.weight) == (8, "downweight", 0.5)
+    # a learner 8 versions ahead of the champion still trains fully on its traffic; older: half
+    assert [st.sample_weight(v) for v in (0, 8, 9, 50)] == [1.0, 1.0, 0.5, 0.5]
+    cfg = TrainConfig.from_dict({"objective": {"uniform_groups": "drop", "positive_bc_coef": 0.5}})
+    assert cfg.objective.uniform_groups == "drop" and cfg.objective.positive_bc_coef == 0.5
 
 
 def test_staleness_weights():
