@@ -11,6 +11,15 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   ``ModelTurn`` with tokens, behaviour logprobs, sampling and latency goes to the emitter
   (never awaited). Optional request field ``tracerl: {trace_id, turn_index, app}`` continues
   a trace.
+- Tools: ``tools`` (OpenAI function tools) with ``tool_choice`` "auto" (the default) are rendered
+  into the system prompt, hermes style (``pipelines.contract.tool_calls``), and the reply is
+  parsed: well-formed ``<tool_call>`` calls come back as ``message.tool_calls`` (arguments a JSON
+  string), ``content`` the text outside them or null, ``finish_reason: "tool_calls"``; a reply
+  with any malformed call comes back as the model's plain text. The ModelTurn records what the
+  engine saw and did: the rendered messages, the raw output text, tokens, logprobs and vLLM's
+  own finish reason. With ``stream`` and tools the reply is sent when it is complete (a call
+  cannot be told from prose until it is), as OpenAI-shaped chunks. ``tool_choice: "none"``
+  serves the messages without the tools.
 - ``POST /v1/feedback`` (tenant key): ``{type: feedback|tool_call|session_end, trace_id, ...}``.
 - ``GET /v1/models`` (tenant key): this tenant's public names.
 - ``POST /admin/deploy {tenant, task, version, who?}``, ``POST /admin/rollback {tenant, task,
@@ -46,6 +55,7 @@ from typing import Any
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
+from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.contract.validate import ValidationError
 from pipelines.deploy import schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
@@ -72,6 +82,20 @@ def _contract_param(err: ValidationError, chat: bool) -> str | None:
     for pattern, repl in _EVENT_TO_REQUEST if chat else []:
         param = pattern.sub(repl, param)
     return param
+
+
+def tool_reply(text: str) -> dict[str, Any] | None:
+    """The OpenAI message for a reply that calls tools: ``{content, tool_calls}``, or None when it
+    makes no call or any call is malformed (then the app gets the model's text as it is). Names
+    and arguments are passed on as the model wrote them; checking them against the tools' schemas
+    is the app's job (it reports the outcome as a ``tool_call`` event)."""
+    parsed = parse_tool_calls(text)
+    if not parsed.calls or any(c.error is not None for c in parsed.calls):
+        return None
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+             for c in parsed.calls]
+    return {"content": parsed.content or None, "tool_calls": calls}
 
 
 class Gateway:
@@ -258,6 +282,10 @@ class Gateway:
                    prompt_ids=data.get("prompt_token_ids"), finish=choice.get("finish_reason"),
                    latency_ms=latency_ms)
         data["model"] = req.model
+        reply = tool_reply(choice["message"].get("content") or "") if req.tools_active() else None
+        if reply is not None:
+            choice["message"].update(reply)
+            choice["finish_reason"] = "tool_calls"
         self._strip(data, want)
         data["tracerl"] = {k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")}
         return web.json_response(data, headers=headers)
@@ -275,6 +303,7 @@ class Gateway:
     async def _stream(self, request, url, body, lease, turn, req, want, headers) -> web.StreamResponse:
         t0 = time.perf_counter()
         text, ids, lps, prompt_ids, finish = [], [], [], None, None
+        hold, template, lp_entries = req.tools_active(), None, []  # tools: answer once the reply is whole
         try:
             ctx = await self._post(url, body)
             up = await ctx.__aenter__()
@@ -303,14 +332,23 @@ class Gateway:
                 for c in chunk.get("choices") or []:
                     text.append((c.get("delta") or {}).get("content") or "")
                     ids.extend(c.get("token_ids") or [])
-                    lps.extend(t["logprob"] for t in (c.get("logprobs") or {}).get("content") or [])
+                    entries = (c.get("logprobs") or {}).get("content") or []
+                    lps.extend(t["logprob"] for t in entries)
+                    lp_entries.extend(entries)
                     finish = c.get("finish_reason") or finish
+                if hold:
+                    template = template or chunk
+                    continue
                 chunk["model"] = req.model
                 self._strip(chunk, want)
                 if first:
                     chunk["tracerl"] = {k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")}
                     first = False
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if hold:
+                for chunk in self._held_chunks(template or {}, "".join(text), finish, lp_entries, ids,
+                                               prompt_ids, turn, req, want):
+                    await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -325,10 +363,32 @@ class Gateway:
                    finish=finish, latency_ms=(time.perf_counter() - t0) * 1000)
         return resp
 
+    @staticmethod
+    def _held_chunks(template, text, finish, lp_entries, ids, prompt_ids, turn, req, want) -> list[dict]:
+        """A held (tools) reply as OpenAI stream chunks: the content, then the calls whole, then the
+        finish reason; logprobs and token ids ride on the first choice chunk when asked for."""
+        base = {k: template[k] for k in ("id", "object", "created") if k in template}
+        base["model"] = req.model
+        reply = tool_reply(text)
+        first: dict[str, Any] = {"index": 0, "delta": {"role": "assistant", "content": text if reply is None
+                                                      else reply["content"]}, "finish_reason": None}
+        if want["logprobs"]:
+            first["logprobs"] = {"content": lp_entries}
+        if want["token_ids"]:
+            first["token_ids"] = ids
+        chunks = [dict(base, choices=[first], tracerl={k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")})]
+        if want["token_ids"] and prompt_ids is not None:
+            chunks[0]["prompt_token_ids"] = prompt_ids
+        if reply is not None:
+            calls = [dict(c, index=i) for i, c in enumerate(reply["tool_calls"])]
+            chunks.append(dict(base, choices=[{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]))
+        chunks.append(dict(base, choices=[{"index": 0, "delta": {},
+                                           "finish_reason": "tool_calls" if reply is not None else finish}]))
+        return chunks
+
     def _turn_event(self, lease, turn, req: ChatRequest, *, text, token_ids, logprobs, prompt_ids, finish,
                     latency_ms) -> dict[str, Any]:
-        messages = [Message(role=m.role, content=m.text(), name=m.name, tool_call_id=m.tool_call_id)
-                    for m in req.messages]
+        messages = [Message(**m) for m in req.served_messages()]
         sampling = Sampling(temperature=1.0 if req.temperature is None else req.temperature,
                             top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k,
                             max_tokens=req.output_tokens(), seed=req.seed)

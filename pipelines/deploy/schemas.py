@@ -3,8 +3,10 @@
 Strict means a value of the wrong JSON type is refused, never coerced: ``max_tokens: "2"`` or
 ``top_k: 5.0`` would otherwise be served, then recorded in a ModelTurn the contract rejects.
 
-Chat: the OpenAI fields the gateway serves and records. Unknown fields are a 400, not passed
-through: anything forwarded to vLLM could change the sampling distribution (``logit_bias``,
+Chat: the OpenAI fields the gateway serves and records. ``tools`` (function tools) and
+``tool_choice`` ("auto" | "none") are rendered into the prompt by the gateway, never forwarded
+(``pipelines.contract.tool_calls``); assistant messages may carry ``tool_calls`` and tool
+messages answer them. Unknown fields are a 400, not passed through: anything forwarded to vLLM could change the sampling distribution (``logit_bias``,
 ``min_p``, guided decoding, ...) while the recorded ``Sampling`` would not say so, and the
 learner's off-policy correction would silently use the wrong behaviour policy. Add a field here
 (and to ``Sampling`` if it shapes sampling) to serve it. ``n`` is 1: one request, one turn.
@@ -21,8 +23,16 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model
+import json
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, field_validator
 from pydantic import ValidationError as PydanticError
+from pydantic import model_validator
+from pydantic_core import PydanticCustomError
+
+from pipelines.contract.tool_calls import render_assistant_tool_calls, with_tools
 
 from pipelines.contract.events import EVENT_TYPES, Event
 from pipelines.deploy.errors import ApiError
@@ -31,12 +41,15 @@ MAX_ID = 256                 # trace, turn, event and call ids
 MAX_NAME = 128               # model names, app, who, tool names
 MAX_TEXT = 256 * 1024        # one message's content, a feedback text, a tool error
 INT32 = (-(2 ** 31), 2 ** 31 - 1)  # the lake's integer columns
+MAX_TOOLS = 64               # tools per request: each one is prompt text the model must read
+MAX_TOOL_CALLS = 64          # calls in one assistant message of the history
 
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for names
 
 
 class Strict(BaseModel):
@@ -50,14 +63,84 @@ class TextPart(Strict):
     text: Text
 
 
+class FunctionDef(Strict):
+    """A function the model may call: ``parameters`` is a JSON Schema (Draft 2020-12) of an object."""
+
+    name: ToolName
+    description: Annotated[str, StringConstraints(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        if v.get("type") != "object":
+            raise PydanticCustomError("invalid_parameters", "parameters must be a JSON Schema with "
+                                      "\"type\": \"object\" (the arguments are an object), got type {got}",
+                                      {"got": repr(v.get("type"))[:40]})
+        try:
+            Draft202012Validator.check_schema(v)
+        except SchemaError as err:
+            raise PydanticCustomError("invalid_parameters", "parameters is not a valid JSON Schema "
+                                      "(Draft 2020-12): {why}", {"why": err.message[:200]}) from None
+        return v
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class CalledFunction(Strict):
+    name: ToolName
+    arguments: Text  # a JSON object, as text (OpenAI's wire form)
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, v: str) -> str:
+        def refuse(name: str) -> None:
+            raise ValueError(name)
+        try:
+            obj = json.loads(v, parse_constant=refuse)
+        except (ValueError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict):
+            raise PydanticCustomError("invalid_arguments", "arguments must be a JSON object encoded as a string, "
+                                      "as the response's tool_calls gave it")
+        return v
+
+
+class AssistantToolCall(Strict):
+    id: Id
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(Strict):
     role: Literal["system", "user", "assistant", "tool"]
-    content: Text | Annotated[list[TextPart], Field(max_length=256)]
+    content: Text | Annotated[list[TextPart], Field(max_length=256)] | None = None
     name: Name | None = None
     tool_call_id: Id | None = None
+    tool_calls: Annotated[list[AssistantToolCall], Field(min_length=1, max_length=MAX_TOOL_CALLS)] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise PydanticCustomError("tool_calls_role", "tool_calls are only for assistant messages, "
+                                      "not {role}", {"role": self.role})
+        if self.content is None and self.tool_calls is None:
+            raise PydanticCustomError("missing", "content is required (it may be null only on an assistant "
+                                      "message with tool_calls)")
+        return self
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        """What the model reads for this message: an assistant's tool calls as the text it wrote."""
+        own = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
+        if self.tool_calls:
+            return render_assistant_tool_calls(own, [c.model_dump() for c in self.tool_calls])
+        return own or ""
 
 
 class TracerlExtension(Strict):
@@ -88,7 +171,45 @@ class ChatRequest(Strict):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     user: Name | None = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     tracerl: TracerlExtension | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, v: str | dict[str, Any] | None) -> str | None:
+        if v is None or v in ("auto", "none"):
+            return v
+        if v == "required" or isinstance(v, dict):
+            raise PydanticCustomError("unsupported_tool_choice", "{got} is not supported yet: use "
+                                      "\"auto\" (the model decides) or \"none\"",
+                                      {"got": "'required'" if v == "required" else "a named function"})
+        raise PydanticCustomError("invalid_tool_choice", "tool_choice must be \"auto\" or \"none\", got {got}",
+                                  {"got": repr(v)[:40]})
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, v: list[FunctionTool] | None) -> list[FunctionTool] | None:
+        names = [t.function.name for t in v or []]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PydanticCustomError("duplicate_tool", "two tools are named {name}; names must be unique",
+                                      {"name": repr(dup)})
+        return v
+
+    def tools_active(self) -> bool:
+        """Tools are rendered into the prompt and replies parsed for calls ("none": neither)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+    def served_messages(self) -> list[dict[str, Any]]:
+        """The messages the model is given, as recorded: tool calls rendered as text, the tools
+        block in the system prompt when tools are active."""
+        msgs = [{k: v for k, v in (("role", m.role), ("content", m.text()), ("name", m.name),
+                                    ("tool_call_id", m.tool_call_id)) if v is not None} for m in self.messages]
+        return with_tools(msgs, self.tool_dicts() if self.tools_active() else None)
 
     def output_tokens(self) -> int | None:
         """What vLLM takes as the output limit (max_completion_tokens wins)."""
@@ -96,7 +217,8 @@ class ChatRequest(Strict):
 
     def upstream(self) -> dict[str, Any]:
         """The body for vLLM: what the client set, without our extension."""
-        return self.model_dump(exclude_none=True, exclude={"tracerl"})
+        return dict(self.model_dump(exclude_none=True, exclude={"tracerl", "tools", "tool_choice", "messages"}),
+                    messages=self.served_messages())
 
 
 # -- feedback, tool calls, session ends: from the contract ---------------------------------------
@@ -184,7 +306,7 @@ def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
     return names
 
 
-_FIELDS = _field_names([TextPart, ChatMessage, TracerlExtension, ChatRequest, RollbackRequest, DeployRequest,
+_FIELDS = _field_names([TextPart, FunctionDef, FunctionTool, CalledFunction, AssistantToolCall, ChatMessage, TracerlExtension, ChatRequest, RollbackRequest, DeployRequest,
                         SwapsQuery, *FEEDBACK_BODIES.values()])
 
 

@@ -1,0 +1,195 @@
+"""OpenAI ``tools`` through the gateway: the request shape customer SDKs send, the tools rendered
+into the prompt that is served and recorded, calls in the reply mapped to ``message.tool_calls``.
+
+The door (schemas) and the reply mapping run in-process; the served path runs on the shared
+``boundary`` gateway (tiny vLLM, real Kafka). The tiny model rarely writes a call, so the mapping
+is pinned with the pure functions and the live test checks whatever the model wrote is mapped
+the way ``tool_reply`` says.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.contract.tool_calls import parse_tool_calls, tools_system_prompt
+from pipelines.deploy import schemas
+from pipelines.deploy.errors import ApiError
+from pipelines.deploy.gateway import Gateway, tool_reply
+from tests.deploy.conftest import KEYS
+from tests.deploy.gateway_http import call, is_openai_error
+from tests.deploy.test_gateway import kafka_events
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "Can you use a tool? What is the weather in Oslo?"}]
+
+
+def body(**fields):
+    return {"model": "support", "messages": ASK, "max_tokens": 24, "temperature": 0.0, **fields}
+
+
+# -- the door, in-process -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, param, code", [
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "string"}}}]},
+     "tools[0].function.parameters", "invalid_parameters"),
+    ({"tools": [WEATHER, {"type": "function", "function": {"name": "y", "parameters": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}]},
+     "tools[1].function.parameters", "invalid_parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None),
+    ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type", None),
+    ({"tools": [{"type": "function", "function": {"name": "x", "strict": True}}]}, "tools[0].function.strict",
+     "extra_forbidden"),
+    ({"tools": [WEATHER] * 65}, "tools", None),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "duplicate_tool"),
+    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "unsupported_tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+     "tool_choice", "unsupported_tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice", "invalid_tool_choice"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "invalid_arguments"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0]", "missing"),
+])
+def test_bad_tools_are_a_400_naming_the_field(fields, param, code):
+    with pytest.raises(ApiError) as err:
+        schemas.parse(schemas.ChatRequest, body(**fields))
+    assert err.value.status == 400 and err.value.param == param and param in err.value.message
+    assert code is None or err.value.code == code
+    if code == "unsupported_tool_choice":
+        assert "not supported yet" in err.value.message and '"auto"' in err.value.message
+
+
+def test_tools_are_rendered_into_the_served_prompt_not_forwarded():
+    req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER]))
+    up = req.upstream()
+    assert "tools" not in up and "tool_choice" not in up
+    assert up["messages"][0] == {"role": "system", "content": tools_system_prompt([WEATHER])}
+    assert up["messages"][1:] == ASK
+    none = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], tool_choice="none")).upstream()
+    assert none["messages"] == ASK                       # "none": the model is not shown the tools
+
+
+def test_a_reply_with_calls_maps_to_openai_tool_calls():
+    reply = tool_reply('Let me check. <tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}},'
+                       ' {"name": "get_weather", "arguments": {"city": "Rome"}}]</tool_call>')
+    assert reply["content"] == "Let me check."
+    assert [c["type"] for c in reply["tool_calls"]] == ["function", "function"]
+    assert [json.loads(c["function"]["arguments"]) for c in reply["tool_calls"]] == [{"city": "Oslo"}, {"city": "Rome"}]
+    assert len({c["id"] for c in reply["tool_calls"]}) == 2 and all(c["id"].startswith("call_") for c in reply["tool_calls"])
+    bare = tool_reply('{"name": "get_weather", "arguments": {"city": "Oslo"}}')
+    assert bare["content"] is None and bare["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert tool_reply("It is sunny.") is None
+    assert tool_reply('<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>') is None  # malformed
+    assert tool_reply('<tool_call>[{"name": "a", "arguments": {}}, {"arguments": {}}]</tool_call>') is None
+
+
+def test_held_stream_chunks_carry_the_calls_whole():
+    req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], stream=True))
+    turn = {"trace_id": "t", "turn_id": "u", "adapter_version": "v1"}
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    chunks = Gateway._held_chunks({"id": "x", "object": "chat.completion.chunk", "created": 1}, text, "stop",
+                                  [], [1, 2], None, turn, req, {"logprobs": False, "token_ids": False})
+    assert chunks[0]["tracerl"] == turn and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    call0 = chunks[1]["choices"][0]["delta"]["tool_calls"][0]
+    assert call0["index"] == 0 and json.loads(call0["function"]["arguments"]) == {"city": "Oslo"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    plain = Gateway._held_chunks({}, "Hi.", "length", [], [], None, turn, req, {"logprobs": False, "token_ids": False})
+    assert plain[0]["choices"][0]["delta"]["content"] == "Hi." and plain[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# -- the served path: tiny vLLM, real Kafka -------------------------------------------------------
+
+def _prompt_ids(boundary, messages: list[dict]) -> list[int]:
+    """The served model's own chat template over the recorded messages."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(boundary.root / "tiny")
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        return_dict=True)["input_ids"])
+
+
+def _expect_mapping(choice: dict) -> None:
+    """What the gateway must have answered, given the raw text it recorded (checked by the caller)."""
+    msg = choice["message"]
+    if msg.get("tool_calls"):
+        assert choice["finish_reason"] == "tool_calls"
+        for c in msg["tool_calls"]:
+            assert c["type"] == "function" and isinstance(json.loads(c["function"]["arguments"]), dict)
+    else:
+        assert choice["finish_reason"] in ("stop", "length") and isinstance(msg["content"], str)
+
+
+@pytest.mark.slow
+def test_a_tools_request_is_served_in_openai_shape_and_recorded_as_served(boundary):
+    status, out = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"],
+                       body(tools=[WEATHER], tool_choice="auto", return_token_ids=True, logprobs=True))
+    assert status == 200, out
+    assert out["object"] == "chat.completion" and out["model"] == "support"
+    _expect_mapping(out["choices"][0])
+    tid = out["tracerl"]["turn_id"]
+    turn = kafka_events(boundary.cfg, {tid})[tid]
+    assert turn["input_messages"][0] == {"role": "system", "content": tools_system_prompt([WEATHER])}
+    assert turn["input_messages"][1:] == ASK
+    # the record is what was served: raw text, tokens, and a prompt that re-renders to the same ids
+    assert turn["output_token_ids"] == out["choices"][0]["token_ids"]
+    assert turn["prompt_token_ids"] == out["prompt_token_ids"]
+    assert _prompt_ids(boundary, turn["input_messages"]) == turn["prompt_token_ids"]
+    expect = tool_reply(turn["output_text"])
+    msg = out["choices"][0]["message"]
+    if expect is None:
+        assert msg["content"] == turn["output_text"] and not msg.get("tool_calls")
+    else:
+        assert msg["content"] == expect["content"]
+        assert [c["function"] for c in msg["tool_calls"]] == [c["function"] for c in expect["tool_calls"]]
+    assert turn["finish_reason"] in ("stop", "length")       # the engine's own reason is recorded
+
+
+@pytest.mark.slow
+def test_multi_turn_with_tool_calls_and_a_tool_result_is_accepted_and_recorded(boundary):
+    history = [*ASK,
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temp_c": 4, "sky": "rain"})}]
+    status, out = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"],
+                       body(messages=history, tools=[WEATHER], return_token_ids=True))
+    assert status == 200, out
+    _expect_mapping(out["choices"][0])
+    tid = out["tracerl"]["turn_id"]
+    turn = kafka_events(boundary.cfg, {tid})[tid]
+    roles = [m["role"] for m in turn["input_messages"]]
+    assert roles == ["system", "user", "assistant", "tool"]
+    assert turn["input_messages"][0]["content"] == tools_system_prompt([WEATHER])
+    said = parse_tool_calls(turn["input_messages"][2]["content"])
+    assert [(c.name, c.arguments) for c in said.calls] == [("get_weather", {"city": "Oslo"})]
+    assert turn["input_messages"][3] == {"role": "tool", "content": history[2]["content"], "tool_call_id": "call_1"}
+    assert _prompt_ids(boundary, turn["input_messages"]) == out["prompt_token_ids"] == turn["prompt_token_ids"]
+
+
+@pytest.mark.slow
+def test_invalid_tools_are_a_400_over_http_and_stream_with_tools_is_openai_chunks(boundary):
+    bad = body(tools=[{"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}])
+    status, err = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"], bad)
+    assert status == 400 and is_openai_error(err) and err["error"]["param"] == "tools[0].function.parameters"
+    status, err = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"], body(tools=[WEATHER], tool_choice="required"))
+    assert status == 400 and err["error"]["param"] == "tool_choice" and "not supported yet" in err["error"]["message"]
+
+    import urllib.request
+    req = urllib.request.Request(f"{boundary.url}/v1/chat/completions", method="POST",
+                                 data=json.dumps(body(tools=[WEATHER], stream=True)).encode(),
+                                 headers={"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        lines = [line for line in resp.read().decode().split("\n") if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[0]["tracerl"]["turn_id"] and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+    tid = chunks[0]["tracerl"]["turn_id"]
+    turn = kafka_events(boundary.cfg, {tid})[tid]
+    streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    expect = tool_reply(turn["output_text"])
+    assert streamed == (turn["output_text"] if expect is None else expect["content"] or "")
+    assert turn["input_messages"][0]["content"] == tools_system_prompt([WEATHER])
