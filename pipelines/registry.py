@@ -53,3 +53,16 @@ def adapter_for_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str = C
 
 def set_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str, registry_version: str) -> None:
     client(cfg).set_registered_model_alias(model_name(tenant, task), alias, registry_version)
+
+
+def version_for_adapter(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int) -> Any | None:
+    """The registry model version registered for adapter-store version ``adapter_version`` (its
+    ``adapter_version`` tag), or None (not registered, or no registered model yet)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = client(cfg).search_model_versions(f"name = '{model_name(tenant, task)}'")
+    except MlflowException:
+        return None
+    hits = [mv for mv in versions if mv.tags.get("adapter_version") == str(int(adapter_version))]
+    return max(hits, key=lambda mv: int(mv.version)) if hits else None

@@ -1,13 +1,14 @@
 """One learner iteration for one tenant/task, from the lake to a registered candidate.
 
-    settled, labelled, not-yet-trained turns (DuckDB over the lake)
-      -> train_step from the champion adapter (or a fresh one)
-      -> adapter store v<N+1> (atomic) -> ledger of trained turns (lake)
-      -> MLflow run (config, per-step metrics, adapter artifact, lineage tags)
+    settled, labelled turns no adapter trained on (new) + a replay of earlier ones (replay.py)
+      -> train_step from the branch head (branch.py): adapter, AdamW state, reward baselines
+      -> adapter store v<N+1> (atomic; meta: lineage, branch, replay) -> ledger rows (lake)
+      -> MLflow run (config, per-step metrics, adapter artifact, lineage and branch tags)
       -> registry model version (the gate decides what it becomes)
 
-Each turn trains exactly once: the `trained_turns` ledger, committed through the
-lake's manifest protocol, is what "new" is measured against.
+The `trained_turns` ledger, committed through the lake's manifest protocol, holds one row per
+(turn, use): "new" = no row; a turn replays until it has `learner.replay_max_uses` rows. A row
+with adapter_version 0 marks a turn excluded as an eval prompt: never trained, never replayed.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ from pipelines.train.adapters import AdapterStore
 from pipelines.train.batch import TrainTurn
 
 TRAINED_TURNS = "trained_turns"
+# `use`: 1 = the turn's first training, k = its k-th (replay); 0 = excluded eval prompt.
+# `weight`: the replay age weight it trained with (1 = first use). Ledger files written before
+# these columns lack them (read with union_by_name); use counts are row counts, not `use`.
 LEDGER_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
-                           ("adapter_version", pa.int64()), ("trained_at", pa.timestamp("ms", tz="UTC"))])
+                           ("adapter_version", pa.int64()), ("trained_at", pa.timestamp("ms", tz="UTC")),
+                           ("use", pa.int64()), ("weight", pa.float64())])
 
 
 @dataclass
@@ -40,17 +45,22 @@ class LearnerResult:
     reason: str = ""
     new_turns: int = 0
     adapter_version: int | None = None
-    parent_version: int | None = None
+    parent_version: int | None = None  # what it trained from: the branch head, or the champion
     registry_version: str | None = None
     excluded_eval_turns: int = 0     # prompts matching a private eval item: never trained on
     mlflow_run_id: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
+    replayed_turns: int = 0          # earlier turns trained again this iteration
+    branch_base: int | None = None   # champion adapter version the branch descends from (None = base model)
+    branch_depth: int = 0            # 1 = trained from the champion; k = k-th candidate of its branch
+    reset_reason: str | None = None  # why the branch head was not continued
 
 
 def _ledger_source(lake_root: Path) -> str:
     folder = Path(lake_root).resolve() / TRAINED_TURNS
     if any(folder.rglob("*.parquet")):
-        return f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, hive_types = {{'tenant': VARCHAR}})"
+        return (f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, union_by_name = true, "
+                f"hive_types = {{'tenant': VARCHAR}})")
     return ("(SELECT NULL::VARCHAR AS tenant, NULL::VARCHAR AS task, NULL::VARCHAR AS turn_id, "
             "NULL::BIGINT AS adapter_version WHERE false)")
 
@@ -78,16 +88,21 @@ def count_new_turns(cfg: TracerlConfig, tenant: str, task: str) -> int:
     return len(new_training_turns(cfg, tenant, task, limit=1_000_000))
 
 
-def _record_ledger(cfg: TracerlConfig, tenant: str, task: str, turn_ids: list[str], version: int) -> None:
+def _record_ledger(cfg: TracerlConfig, tenant: str, task: str, turn_ids: list[str], version: int,
+                   uses: list[int] | None = None, weights: list[float] | None = None) -> None:
+    """One row per (turn, use); ``uses`` defaults to 1 (first use), 0 for version 0 (excluded);
+    ``weights`` to 1."""
     lake = Lake(cfg.lake)
     now = int(time.time() * 1000)
-    table = pa.table({"task": [task] * len(turn_ids), "turn_id": turn_ids,
-                      "adapter_version": [version] * len(turn_ids), "trained_at": [now] * len(turn_ids)},
+    n = len(turn_ids)
+    table = pa.table({"task": [task] * n, "turn_id": turn_ids, "adapter_version": [version] * n,
+                      "trained_at": [now] * n, "use": uses if uses is not None else [1 if version else 0] * n,
+                      "weight": weights if weights is not None else [1.0] * n},
                      schema=LEDGER_SCHEMA)
     with lake.locked():
         txn = lake.begin(f"learner-{tenant}-{task}-v{version}")
         txn.stage(TRAINED_TURNS, {"tenant": tenant}, table)
-        txn.commit({}, {"trained_turns": len(turn_ids)})
+        txn.commit({}, {"trained_turns": n})
         txn.publish()
 
 
@@ -96,53 +111,84 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
 
     from pipelines import registry, tracking
     from pipelines.models.registry import base_model_hash, resolve_base_model
+    from pipelines.train.branch import choose_parent
+    from pipelines.train.replay import prioritize, replay_pool, use_stats
     from pipelines.train.step import train_step
 
     from pipelines.gate.config import gate_config
     from pipelines.gate.contamination import eval_hashes, exclude_eval_turns
 
     lc = cfg.learner
+    hashes = eval_hashes(gate_config(cfg).suites_dir, tenant, task)
     turns = new_training_turns(cfg, tenant, task, limit=lc.max_turns)
     # Private evals are never trained on: drop turns whose prompt matches an eval item, and
-    # ledger them (version 0) so they are not "new" again on the next run.
-    turns, excluded = exclude_eval_turns(turns, eval_hashes(gate_config(cfg).suites_dir, tenant, task))
+    # ledger them (version 0) so they are not "new" again, nor replayed, on the next run.
+    turns, excluded = exclude_eval_turns(turns, hashes)
     if excluded:
         _record_ledger(cfg, tenant, task, [t.turn_id for t in excluded], 0)
     result = LearnerResult(tenant, task, "skipped", new_turns=len(turns), excluded_eval_turns=len(excluded))
-    if len(turns) < lc.min_new_turns:
+    if len(turns) < lc.min_new_turns:  # replay alone never triggers a run
         result.reason = f"{len(turns)} new settled turns < learner.min_new_turns={lc.min_new_turns}"
         return result
+    # replay: re-checked against today's suites (an item added since the first use leaves the pool)
+    pool, replay_excluded = exclude_eval_turns(replay_pool(cfg, tenant, task), hashes, lambda p: p.turn.input_messages)
+    replayed = prioritize(pool, lc.replay_turns)
+    if replay_excluded:
+        _record_ledger(cfg, tenant, task, [p.turn.turn_id for p in replay_excluded], 0)
+    result.excluded_eval_turns += len(replay_excluded)
+    replay = use_stats(len(turns), replayed)
+    batch = turns + [p.turn for p in replayed]
 
     store = AdapterStore(cfg.adapter_root)
-    parent_n = registry.adapter_for_alias(cfg, tenant, task, registry.CHAMPION)
-    parent = store.get(tenant, task, parent_n) if parent_n else None
+    champion_n = registry.adapter_for_alias(cfg, tenant, task, registry.CHAMPION)
+
+    def registry_tags(adapter_version: int) -> dict[str, str]:
+        mv = registry.version_for_adapter(cfg, tenant, task, adapter_version)
+        return dict(mv.tags) if mv is not None else {}
+
+    bp = choose_parent(store, tenant, task, champion_n, enabled=lc.branch, max_kl=lc.branch_max_kl,
+                       max_depth=lc.branch_max_depth, registry_tags=registry_tags)
+    parent_n = bp.parent_version
     base = resolve_base_model(cfg.train.base_model, cfg.home)
-    spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in turns])
+    spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in batch])
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
-        step = train_step(base, parent.path if parent else None, turns, cfg.train, Path(tmp) / "adapter",
-                          seed=cfg.train.seed, current_version=parent_n or 0)
-        window = {"turns": len(turns), "trained_turns": len(step.turn_ids), "excluded_eval_turns": len(excluded),
-                  "turn_ids": [t.turn_id for t in turns],
+        step = train_step(base, bp.parent.path if bp.parent else None, batch, cfg.train, Path(tmp) / "adapter",
+                          seed=cfg.train.seed, current_version=parent_n or 0,
+                          task_baselines=bp.task_baselines or None, optimizer_state=bp.optimizer_state)
+        window = {"turns": len(turns), "replayed_turns": len(replayed), "trained_turns": len(step.turn_ids),
+                  "excluded_eval_turns": result.excluded_eval_turns,
+                  "turn_ids": [t.turn_id for t in turns], "replayed_turn_ids": [p.turn.turn_id for p in replayed],
                   "first_turn": turns[0].turn_id, "last_turn": turns[-1].turn_id}
         tags = {"tenant": tenant, "task": task, "parent_version": parent_n or "base",
-                "base_model": cfg.train.base_model, "reward_spec_version": ",".join(spec_versions)}
+                "base_model": cfg.train.base_model, "reward_spec_version": ",".join(spec_versions), **bp.tags()}
+        metrics = {**(step.steps[-1] if step.steps else {}),
+                   **{k: v for k, v in replay.items() if k.startswith("replay.")}}
         with tracking.run(cfg, f"learner {tenant}/{task}", tags={**tags, "tracerl.stage": "learner"},
                           params={"train": cfg.train.to_dict(), "learner": lc.__dict__}) as run:
             for i, m in enumerate(step.steps):
                 mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float))}, step=i)
-            mlflow.log_dict(step.summary, "summary.json")
+            mlflow.log_metrics({k: v for k, v in replay.items() if k.startswith("replay.")})
+            mlflow.log_dict({**step.summary, "replay": replay, "branch": bp.meta()}, "summary.json")
             version = store.publish(tenant, task, step.adapter_dir, {
                 "parent_version": parent_n, "base_model_hash": base_model_hash(base),
                 "data_window": window, "reward_spec_version": spec_versions,
                 "config": cfg.train.to_dict(), "metrics": step.steps[-1] if step.steps else {},
-                "mlflow_run_id": run.info.run_id})
+                "mlflow_run_id": run.info.run_id, "branch": bp.meta(),
+                "task_baselines": {str(k): float(v) for k, v in step.task_baselines.items()},
+                "optimizer": {"resumed_from": parent_n if bp.optimizer_state else None,
+                              "resumed_step": step.summary.get("optimizer_resumed_step", 0.0)},
+                "replay": replay})
             mlflow.log_artifacts(str(version.path), "adapter")
             mlflow.set_tag("adapter_version", version.version)
-    _record_ledger(cfg, tenant, task, [t.turn_id for t in turns], version.version)
+    _record_ledger(cfg, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
+                   version.version, [1] * len(turns) + [p.uses + 1 for p in replayed],
+                   [t.weight for t in batch])
     result.registry_version = registry.register_candidate(cfg, tenant, task, run.info.run_id, version.version,
-                                                          {**tags, "data_turns": len(turns)})
+                                                          {**tags, "data_turns": len(batch)})
     result.status, result.adapter_version, result.parent_version = "trained", version.version, parent_n
-    result.mlflow_run_id, result.metrics = run.info.run_id, step.steps[-1] if step.steps else {}
+    result.mlflow_run_id, result.metrics = run.info.run_id, metrics
+    result.replayed_turns, result.branch_base, result.branch_depth = len(replayed), bp.base, bp.depth
+    result.reset_reason = bp.reset_reason
     return result
 
 

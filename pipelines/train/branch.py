@@ -1,0 +1,113 @@
+"""The training branch: where the next candidate trains from.
+
+While the gate rejects candidates, retraining each from the unchanged champion throws the last
+iteration away (its adapter, AdamW moments and reward baselines); a rare positive then teaches
+once and is gone. A branch keeps that work: each candidate continues from the previous one, and
+the gate compares the branch head with the champion as before.
+
+- A candidate's adapter meta carries ``"branch": {"base", "depth", "parent", "reset_reason"}``:
+  ``base`` = the champion adapter version it descends from (None = the base model), ``depth`` =
+  its place in the branch (1 = trained from the champion), ``parent`` = what it trained from.
+- The branch head = the newest adapter version whose ``branch.base`` is the current champion.
+  None: a new branch starts at the champion. Once the head is promoted it IS the champion, and the
+  next candidate starts a new branch from it.
+- Reset (the next candidate starts at the champion, fresh AdamW and baselines) when the head
+  drifted too far (its last-step KL to the base model > ``learner.branch_max_kl``), the branch is
+  ``learner.branch_max_depth`` candidates deep, or the head's registry version was rejected for
+  eval contamination or rolled back. ``learner.branch = false``: always start at the champion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pipelines.train.adapters import AdapterStore, AdapterVersion
+from pipelines.train.optim_state import OPTIMIZER_FILE
+
+# registry version tags that end a branch (written by pipelines/gate/run.py and promote.py)
+CONTAMINATION_TAG, STATUS_TAG, ROLLED_BACK = "tracerl.gate.contamination", "tracerl.gate.status", "rolled_back"
+
+
+@dataclass(frozen=True)
+class BranchPoint:
+    """What the next candidate trains from, and why."""
+
+    parent: AdapterVersion | None   # adapter to load (the head, or the champion; None = fresh LoRA)
+    base: int | None                # champion adapter version the branch descends from (None = base model)
+    depth: int                      # the new candidate's depth (1 = trained from the champion)
+    reset_reason: str | None        # why the head was not continued (None: continued, or no head)
+
+    @property
+    def continues(self) -> bool:
+        """True when training from the branch head: its AdamW state and baselines carry over."""
+        return self.depth > 1
+
+    @property
+    def parent_version(self) -> int | None:
+        return self.parent.version if self.parent is not None else None
+
+    @property
+    def optimizer_state(self) -> Path | None:
+        """The head's saved AdamW state, when continuing and the head has one."""
+        if not self.continues:
+            return None
+        path = self.parent.path / OPTIMIZER_FILE
+        return path if path.is_file() else None
+
+    @property
+    def task_baselines(self) -> dict[str, float]:
+        return dict(self.parent.meta.get("task_baselines") or {}) if self.continues else {}
+
+    def meta(self) -> dict[str, Any]:
+        return {"base": self.base, "depth": self.depth, "parent": self.parent_version,
+                "reset_reason": self.reset_reason}
+
+    def tags(self) -> dict[str, str]:
+        """MLflow tags (learner run and registry version): strings, 'base'/'none' for None."""
+        return {"tracerl.branch.base": "base" if self.base is None else str(self.base),
+                "tracerl.branch.depth": str(self.depth),
+                "tracerl.branch.parent": "base" if self.parent is None else str(self.parent.version),
+                "tracerl.branch.reset_reason": self.reset_reason or "none"}
+
+
+def branch_head(store: AdapterStore, tenant: str, task: str, champion: int | None) -> AdapterVersion | None:
+    """The newest adapter version whose meta says it descends from ``champion``."""
+    for av in reversed(store.list(tenant, task)):
+        b = av.meta.get("branch")
+        if isinstance(b, dict) and b.get("base") == champion and av.version != champion:
+            return av
+    return None
+
+
+def reset_reason(head: AdapterVersion, registry_tags: dict[str, str], *, max_kl: float, max_depth: int) -> str | None:
+    """Why ``head`` must not be continued, or None. ``registry_tags``: its registry version's tags."""
+    if registry_tags.get(CONTAMINATION_TAG):
+        return f"contamination: v{head.version} was rejected for training on eval items"
+    if registry_tags.get(STATUS_TAG) == ROLLED_BACK:
+        return f"rolled_back: v{head.version} was promoted, then rolled back"
+    kl = (head.meta.get("metrics") or {}).get("kl")
+    if kl is not None and float(kl) > max_kl:
+        return f"kl: v{head.version} last-step KL {float(kl):.4g} > learner.branch_max_kl={max_kl}"
+    depth = int(head.meta["branch"].get("depth", 1))
+    if depth >= max_depth:
+        return f"depth: v{head.version} is candidate {depth} of its branch, learner.branch_max_depth={max_depth}"
+    return None
+
+
+def choose_parent(store: AdapterStore, tenant: str, task: str, champion: int | None, *, enabled: bool,
+                  max_kl: float, max_depth: int,
+                  registry_tags: Callable[[int], dict[str, str]]) -> BranchPoint:
+    """Continue the branch head, or start (again) at the champion; ``registry_tags(adapter_version)``
+    returns the tags of that adapter's registry version ({} if unregistered)."""
+    champ = store.get(tenant, task, champion) if champion is not None else None
+    head = branch_head(store, tenant, task, champion)
+    if head is None:
+        return BranchPoint(champ, champion, 1, None)
+    if not enabled:
+        return BranchPoint(champ, champion, 1, "learner.branch = false")
+    why = reset_reason(head, registry_tags(head.version), max_kl=max_kl, max_depth=max_depth)
+    if why is not None:
+        return BranchPoint(champ, champion, 1, why)
+    return BranchPoint(head, champion, int(head.meta["branch"].get("depth", 1)) + 1, None)
