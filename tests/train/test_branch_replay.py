@@ -320,3 +320,34 @@ def test_optimizer_state_of_another_shape_is_a_value_error(tmp_path):
     assert same.param_groups[0]["lr"] == 0.1
     with pytest.raises(ValueError, match="shape"):
         load_optimizer_state(opt((8, 2)), tmp_path / OPTIMIZER_FILE)
+
+
+@pytest.mark.slow
+def test_a_branch_adapter_with_its_optimizer_state_passes_the_deployer_and_serves_in_vllm(lcfg, tiny):
+    """optimizer.safetensors sits in the adapter folder: no pickle for the deployer to refuse, and
+    vLLM reads only adapter_model.safetensors from it."""
+    from pipelines.deploy import admin
+    from pipelines.deploy.deployer import validate_adapter
+    from pipelines.deploy.vllm_server import start_vllm, stop_vllm
+    from pipelines.models.registry import base_model_hash
+    from tests.deploy.test_vllm import VLLM_PY
+
+    if not VLLM_PY.is_file():
+        pytest.skip(f"no {VLLM_PY}: run `make vllm-venv` to test against a live vLLM")
+    cfg, traffic = lcfg, Traffic(lcfg)
+    traffic()
+    _reject(cfg, run_learner(cfg, TENANT, TASK))
+    traffic()
+    r = run_learner(cfg, TENANT, TASK)  # depth 2: loaded and re-saved the AdamW state
+    store = AdapterStore(cfg.adapter_root)
+    av = validate_adapter(store, TENANT, TASK, r.adapter_version, base_model_hash(tiny))
+    assert (av.path / OPTIMIZER_FILE).is_file() and r.branch_depth == 2
+    home = cfg.home / "vllm"
+    state = start_vllm(tiny, home=home, port=None, max_loras=2, max_lora_rank=16, max_cpu_loras=2,
+                       dtype="float32", python=".venv-vllm/bin/python", start_timeout_s=240)
+    try:
+        admin.load_adapter(state.base_url, av.name, av.path)
+        out = admin.complete(state.base_url, av.name, prompt="question 0.0", max_tokens=4, seed=0)
+        assert out.model == av.name and len(out.token_ids) >= 1
+    finally:
+        stop_vllm(home)
