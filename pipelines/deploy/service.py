@@ -230,9 +230,13 @@ class GatewayClient:
     def __init__(self, url: str, api_key: str, timeout: float = 300.0):
         self.url, self.key, self.timeout = url.rstrip("/"), api_key, timeout
 
-    def chat(self, model: str, messages: list[dict], **params: Any) -> dict[str, Any]:
-        return _call(f"{self.url}/v1/chat/completions", self.key, {"model": model, "messages": messages, **params},
-                     timeout=self.timeout)
+    def chat(self, model: str, messages: list[dict], *, tools: list[dict] | None = None,
+             tool_choice: str | None = None, **params: Any) -> dict[str, Any]:
+        """One chat completion; ``tools`` (OpenAI function tools) and ``tool_choice`` ("auto" |
+        "none") are sent only when given, like every other OpenAI param in ``params``."""
+        extra = {k: v for k, v in (("tools", tools), ("tool_choice", tool_choice)) if v is not None}
+        return _call(f"{self.url}/v1/chat/completions", self.key,
+                     {"model": model, "messages": messages, **extra, **params}, timeout=self.timeout)
 
     def feedback(self, trace_id: str, turn_id: str, kind: str, value: float | None = None, **fields: Any) -> dict:
         return _call(f"{self.url}/v1/feedback", self.key, {"type": "feedback", "trace_id": trace_id,

@@ -17,6 +17,7 @@ from pipelines.contract.tool_calls import parse_tool_calls, tools_system_prompt
 from pipelines.deploy import schemas
 from pipelines.deploy.errors import ApiError
 from pipelines.deploy.gateway import Gateway, tool_reply
+from pipelines.deploy.service import GatewayClient
 from tests.deploy.conftest import KEYS
 from tests.deploy.gateway_http import call, is_openai_error
 from tests.deploy.test_gateway import kafka_events
@@ -155,9 +156,9 @@ def test_multi_turn_with_tool_calls_and_a_tool_result_is_accepted_and_recorded(b
                    {"id": "call_1", "type": "function",
                     "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temp_c": 4, "sky": "rain"})}]
-    status, out = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"],
-                       body(messages=history, tools=[WEATHER], return_token_ids=True))
-    assert status == 200, out
+    client = GatewayClient(boundary.url, KEYS["acme"])  # the app SDK passes tools like any OpenAI param
+    out = client.chat("support", history, tools=[WEATHER], tool_choice="auto", max_tokens=24, temperature=0.0,
+                      return_token_ids=True)
     _expect_mapping(out["choices"][0])
     tid = out["tracerl"]["turn_id"]
     turn = kafka_events(boundary.cfg, {tid})[tid]
