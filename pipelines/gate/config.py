@@ -2,10 +2,49 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 TESTS = ("bootstrap", "sign")  # paired bootstrap of the mean difference | exact sign test
+
+
+@dataclass
+class SignatureConfig:
+    """Behaviour signatures (signatures.py): rates measured on the gate's own replies of candidate
+    and champion (same items, same seeds). A signature blocks (REJECT) when the candidate's rate
+    rises by more than its max increase AND the rise is significant at the gate's alpha. None =
+    measured and logged, never blocking. Defaults: the reward hacks seen in production
+    (REFERENCE.md; Cursor's real-time RL): broken tool calls, needless clarifying questions."""
+
+    enabled: bool = True
+    tool_error: float | None = 0.05      # broken calls / replies that attempt a call: a model that
+                                         #   calls tools must not get worse at it
+    broken_call: float | None = 0.05     # replies carrying a broken call / all replies: catches more
+                                         #   broken calls even when the per-attempt rate is unchanged
+                                         #   (or already saturated, as on a weak base)
+    attempted_call: float | None = None  # replies that attempt a call / all: a rise can be the point
+                                         #   of training, so only reported by default
+    clarify: float | None = 0.10         # the reward spec's "clarify" dodge (no call, ends with '?',
+                                         #   <= clarify_max_chars): asking back is sometimes right
+    refusal: float | None = 0.05         # refusal phrases (pipelines/contract/behaviour.py)
+    length_ratio_min: float | None = 0.5  # mean reply length candidate / champion must stay within
+    length_ratio_max: float | None = 2.0  #   [min, max]: collapse to short non-answers, or rambling
+    clarify_max_chars: int = 300         # = reward spec Dodge.clarify_max_chars
+
+    def __post_init__(self) -> None:
+        for name in ("tool_error", "broken_call", "attempted_call", "clarify", "refusal"):
+            v = getattr(self, name)
+            if v is not None and not 0.0 <= v < 1.0:
+                raise ValueError(f"gate.signatures.{name}={v} must be a max increase of a rate in [0, 1), "
+                                 f"e.g. 0.05, or None to only report it")
+        lo, hi = self.length_ratio_min, self.length_ratio_max
+        if (lo is not None and not 0 < lo <= 1) or (hi is not None and hi < 1):
+            raise ValueError(f"gate.signatures.length_ratio_min={lo} must be in (0, 1] and length_ratio_max={hi} "
+                             f">= 1 (e.g. 0.5 and 2.0), or None")
+        if self.clarify_max_chars < 1:
+            raise ValueError(f"gate.signatures.clarify_max_chars={self.clarify_max_chars} must be >= 1 (300 as "
+                             f"the reward spec)")
 
 
 @dataclass
@@ -38,6 +77,18 @@ class GateConfig:
     judge_model: str = "judge"
     judge_api_key_env: str = "TRACERL_JUDGE_API_KEY"  # env var holding the judge's key, if any
     fail_on_missing_suites: bool = True  # no suites for a tenant/task: reject (else pass)
+    power: float = 0.8                   # power for the minimum detectable effect (power.py): the
+                                         #   gain a suite finds 80% of the time (the usual planning value)
+    max_mde: float = 0.15                # warn (not block) when a suite's a priori MDE exceeds it: a
+                                         #   suite that cannot see +0.15 cannot tell training from noise
+    max_looks: int = 3                   # sequential sampling (sequential.py): a primary with a positive
+                                         #   but unproven gain is re-sampled with twice the samples per
+                                         #   item, up to this many looks; each look tests at
+                                         #   alpha / max_looks (Bonferroni). Needs temperature > 0
+                                         #   (greedy replies repeat): at temperature 0 there is one look at alpha
+    futility_gain: float = 0.01          # stop early (reject) once the upper bound of the gain is below
+                                         #   max(min_gain, this): more samples would not reach a gain worth having
+    signatures: SignatureConfig = field(default_factory=SignatureConfig)
 
     def __post_init__(self) -> None:
         if self.test not in TESTS:
@@ -55,9 +106,26 @@ class GateConfig:
             raise ValueError(f"gate.max_kl={self.max_kl} must be > 0, or None to turn the KL budget off")
         if self.max_tokens < 1 or self.concurrency < 1:
             raise ValueError(f"gate.max_tokens={self.max_tokens} and gate.concurrency={self.concurrency} must be >= 1")
+        if not 0.5 <= self.power < 1.0:
+            raise ValueError(f"gate.power={self.power} must be in [0.5, 1), e.g. 0.8")
+        if not 0.0 < self.max_mde <= 1.0:
+            raise ValueError(f"gate.max_mde={self.max_mde} must be in (0, 1] (a gain of the mean score), e.g. 0.15")
+        if not 1 <= self.max_looks <= 6:
+            raise ValueError(f"gate.max_looks={self.max_looks} must be in [1, 6] (samples double each look: "
+                             f"6 looks = 32x the first); 1 turns sequential sampling off")
+        if self.futility_gain < 0:
+            raise ValueError(f"gate.futility_gain={self.futility_gain} must be >= 0 (0 stops only when even the "
+                             f"upper bound shows no gain)")
+        if isinstance(self.signatures, dict):
+            self.signatures = SignatureConfig(**self.signatures)
+
+    @property
+    def looks(self) -> int:
+        """Looks actually taken: more samples of greedy replies would be the same replies."""
+        return self.max_looks if self.temperature > 0 else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return dataclasses.asdict(self)
 
 
 def gate_config(cfg: Any) -> GateConfig:

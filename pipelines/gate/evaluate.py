@@ -83,20 +83,40 @@ def item_seed(base_seed: int, item_hash: str, sample: int) -> int:
     return (base_seed * 1_000_003 + zlib.crc32(item_hash.encode()) + sample * 7919) % (2 ** 31)
 
 
+@dataclass
+class Samples:
+    """Samples ``first .. first + count - 1`` of every item: ``scores[i][k]`` and the reply
+    ``texts[i][k]`` (kept in memory for the behaviour signatures; never logged)."""
+
+    first: int
+    scores: list[list[float]]
+    texts: list[list[str]]
+
+
+def sample_suite(backend: Backend, name: str, suite: Suite, gate: GateConfig, judge: Judge | None = None,
+                 first: int = 0, count: int | None = None) -> Samples:
+    """Generate and score samples ``first .. first + count - 1`` (default: ``samples_per_item``)
+    of each item; sample index k has the seed ``item_seed(seed, item, k)`` for every model."""
+    sampling = Sampling.from_gate(gate)
+    count = gate.samples_per_item if count is None else count
+    jobs = [(i, k) for i in range(len(suite.items)) for k in range(first, first + count)]
+
+    def one(job: tuple[int, int]) -> tuple[float, str]:
+        item = suite.items[job[0]]
+        text = backend.generate(name, item.messages, sampling, item_seed(sampling.seed, item.hash, job[1]))
+        return score(suite.scorer, text, item, judge), text
+
+    with ThreadPoolExecutor(max_workers=gate.concurrency) as pool:
+        results = list(pool.map(one, jobs))
+    out = Samples(first, [[] for _ in suite.items], [[] for _ in suite.items])
+    for (i, _), (s, text) in zip(jobs, results):
+        out.scores[i].append(s)
+        out.texts[i].append(text)
+    return out
+
+
 def evaluate_suite(backend: Backend, name: str, suite: Suite, gate: GateConfig,
                    judge: Judge | None = None) -> list[float]:
     """Per-item score (mean over ``samples_per_item``), in the suite's item order."""
-    sampling = Sampling.from_gate(gate)
-    jobs = [(i, k) for i in range(len(suite.items)) for k in range(gate.samples_per_item)]
-
-    def one(job: tuple[int, int]) -> float:
-        item = suite.items[job[0]]
-        text = backend.generate(name, item.messages, sampling, item_seed(sampling.seed, item.hash, job[1]))
-        return score(suite.scorer, text, item, judge)
-
-    with ThreadPoolExecutor(max_workers=gate.concurrency) as pool:
-        scores = list(pool.map(one, jobs))
-    per_item = [0.0] * len(suite.items)
-    for (i, _), s in zip(jobs, scores):
-        per_item[i] += s / gate.samples_per_item
-    return per_item
+    got = sample_suite(backend, name, suite, gate, judge)
+    return [sum(s) / len(s) for s in got.scores]

@@ -2,8 +2,9 @@
 
     suites (files) -> contamination check (training turns of the candidate's lineage)
       -> candidate and champion (or the base model) loaded side by side in vLLM
-      -> same items, same sampling, same seeds -> per-item scores
-      -> paired test per suite -> decision with reasons
+      -> same items, same sampling, same seeds -> per-item scores (and replies, in memory)
+      -> paired test per suite (primaries: sequential looks) + MDE -> behaviour signatures
+      -> decision with reasons
       -> MLflow run (aggregates, hashed item ids, plot) + version tags + aliases
 
 Nothing in clear text leaves: MLflow gets means, bounds, p-values, counts, item hashes and
@@ -22,10 +23,12 @@ from pipelines.gate.config import GateConfig, gate_config
 from pipelines.gate.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
 from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite
 from pipelines.gate.decide import decide as decide_
-from pipelines.gate.evaluate import Backend, VllmBackend, evaluate_suite
-from pipelines.gate.scorers import judge_from
+from pipelines.gate.evaluate import Backend, Samples, VllmBackend, sample_suite
+from pipelines.gate.scorers import ToolCall, judge_from
+from pipelines.gate.sequential import sequential_compare
+from pipelines.gate.signatures import compare_signatures
 from pipelines.gate.stats import compare
-from pipelines.gate.suites import load_suites
+from pipelines.gate.suites import Suite, load_suites
 from pipelines.registry import CHAMPION, model_name
 
 
@@ -119,20 +122,19 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
             backend.prepare(champ_name, store.get(tenant, task, champ_av).path)
         judge = judge_from(gate.judge_url, gate.judge_model, gate.judge_api_key_env)
         scores: dict[str, tuple[list[float], list[float]]] = {}
-        verdicts = []
+        verdicts, replies = [], Replies()
         try:
             for s in suites:
-                a = evaluate_suite(backend, cand_name, s, gate, judge)
-                b = evaluate_suite(backend, champ_name, s, gate, judge)
-                scores[s.name] = (a, b)
-                st = compare(a, b, gate.test, gate.confidence, gate.n_bootstrap, gate.seed)
-                verdicts.append(judge_suite(s.name, s.role, s.tolerance, st, gate))
+                verdict, scores[s.name] = _evaluate(backend, cand_name, champ_name, s, gate, judge, replies)
+                verdicts.append(verdict)
         finally:
             backend.release(cand_name)
             if champ_av is not None:
                 backend.release(champ_name)
         kl = store.get(tenant, task, cand_av).meta.get("metrics", {}).get("kl")
-        result.decision = decide_(verdicts, gate, None if kl is None else float(kl))
+        sigs = (compare_signatures(replies.candidate, replies.champion, gate.signatures, 1.0 - gate.confidence,
+                                   gate.n_bootstrap, gate.seed) if gate.signatures.enabled else [])
+        result.decision = decide_(verdicts, gate, None if kl is None else float(kl), sigs)
         result.items = sum(len(s.items) for s in suites)
         _record(cfg, gate, result, suites, scores)
 
@@ -145,6 +147,63 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         reg.mark_rejected(cfg, tenant, task, str(registry_version))
     result.seconds = round(time.monotonic() - t0, 2)
     return result
+
+
+@dataclass
+class Replies:
+    """Every reply's behaviour (pipelines/contract/behaviour.py), paired by position: candidate[i]
+    and champion[i] answered the same item with the same seed. Texts are classified and dropped."""
+
+    candidate: list = field(default_factory=list)
+    champion: list = field(default_factory=list)
+
+    def add(self, suite: Suite, a: Samples, b: Samples, clarify_max_chars: int) -> None:
+        from pipelines.contract.behaviour import classify
+
+        for item, ta, tb in zip(suite.items, a.texts, b.texts):
+            tools = _tools_of(suite, item)
+            self.candidate += [classify(t, tools, clarify_max_chars) for t in ta]
+            self.champion += [classify(t, tools, clarify_max_chars) for t in tb]
+
+
+def _tools_of(suite: Suite, item: Any) -> list[dict[str, Any]] | None:
+    """The tools the request offered: the item's, else a tool_call scorer's."""
+    tools = item.extra.get("tools")
+    if not tools and isinstance(suite.scorer, ToolCall):
+        tools = suite.scorer.tools
+    return tools or None
+
+
+def _evaluate(backend: Backend, cand: str, champ: str, suite: Suite, gate: GateConfig, judge: Any,
+              replies: Replies) -> tuple[Any, tuple[list[float], list[float]]]:
+    """(verdict, per-item mean scores of candidate and champion). Primaries take sequential looks
+    (gate.looks of them; one at temperature 0); guardrails one look at the full alpha."""
+    import numpy as np
+
+    def draw(first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        a = sample_suite(backend, cand, suite, gate, judge, first, count)
+        b = sample_suite(backend, champ, suite, gate, judge, first, count)
+        replies.add(suite, a, b, gate.signatures.clarify_max_chars)
+        sums[0] = a.scores if sums[0] is None else [x + y for x, y in zip(sums[0], a.scores)]
+        sums[1] = b.scores if sums[1] is None else [x + y for x, y in zip(sums[1], b.scores)]
+        return np.asarray(a.scores, dtype=float), np.asarray(b.scores, dtype=float)
+
+    sums: list[Any] = [None, None]
+    if suite.role == "primary":
+        looks = sequential_compare(draw, test=gate.test, confidence=gate.confidence,
+                                   samples_per_item=gate.samples_per_item, looks=gate.looks, min_gain=gate.min_gain,
+                                   futility_gain=gate.futility_gain, n_bootstrap=gate.n_bootstrap, seed=gate.seed)
+        last = looks[-1]
+        verdict = judge_suite(suite.name, suite.role, suite.tolerance, last.stats, gate, samples=last.samples,
+                              looks=looks)
+    else:
+        draw(0, gate.samples_per_item)
+        k = gate.samples_per_item
+        st = compare([sum(x) / k for x in sums[0]], [sum(x) / k for x in sums[1]], gate.test, gate.confidence,
+                     gate.n_bootstrap, gate.seed)
+        verdict = judge_suite(suite.name, suite.role, suite.tolerance, st, gate, samples=k)
+    k = verdict.samples
+    return verdict, ([sum(x) / k for x in sums[0]], [sum(x) / k for x in sums[1]])
 
 
 def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: list, scores: dict) -> None:
@@ -170,13 +229,26 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
             mlflow.log_metrics({f"{v.suite}.candidate": st.candidate_mean, f"{v.suite}.champion": st.champion_mean,
                                 f"{v.suite}.delta": st.delta, f"{v.suite}.low": st.low,
                                 f"{v.suite}.p_gain": st.p_gain, f"{v.suite}.p_loss": st.p_loss,
-                                f"{v.suite}.n": st.n, f"{v.suite}.passed": float(v.passed)})
+                                f"{v.suite}.n": st.n, f"{v.suite}.passed": float(v.passed),
+                                f"{v.suite}.mde": v.mde, f"{v.suite}.mde_observed": v.mde_observed,
+                                f"{v.suite}.samples": v.samples, f"{v.suite}.looks": float(len(v.looks) or 1)})
             vtags.update({f"eval.{v.suite}.candidate": f"{st.candidate_mean:.4f}",
                           f"eval.{v.suite}.champion": f"{st.champion_mean:.4f}",
                           f"eval.{v.suite}.delta": f"{st.delta:+.4f}", f"eval.{v.suite}.low": f"{st.low:+.4f}",
                           f"eval.{v.suite}.p_gain": f"{st.p_gain:.4f}", f"eval.{v.suite}.n": st.n,
                           f"eval.{v.suite}.role": v.role, f"eval.{v.suite}.passed": v.passed,
-                          f"eval.{v.suite}.items": by_name[v.suite].fingerprint[:16]})
+                          f"eval.{v.suite}.items": by_name[v.suite].fingerprint[:16],
+                          f"eval.{v.suite}.mde": f"{v.mde:.4f}", f"eval.{v.suite}.mde_observed": f"{v.mde_observed:.4f}",
+                          f"eval.{v.suite}.samples": v.samples, f"eval.{v.suite}.looks": len(v.looks) or 1})
+        for sg in d.signatures:
+            mlflow.log_metrics({f"signature.{sg.name}.candidate": sg.candidate,
+                                f"signature.{sg.name}.champion": sg.champion,
+                                f"signature.{sg.name}.blocked": float(sg.blocked)})
+            vtags.update({f"signature.{sg.name}.candidate": f"{sg.candidate:.4f}",
+                          f"signature.{sg.name}.champion": f"{sg.champion:.4f}",
+                          f"signature.{sg.name}.blocked": sg.blocked})
+        if d.warnings:
+            vtags["tracerl.gate.warnings"] = " | ".join(d.warnings)
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
         mlflow.log_dict({name: {"fingerprint": by_name[name].fingerprint,
                                 "items": [{"hash": it.hash, "candidate": a, "champion": b}

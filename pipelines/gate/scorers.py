@@ -45,9 +45,10 @@ class JsonSchema:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """1 if the output is a call ``{"name", "arguments"}`` (bare, or inside <tool_call>...</tool_call>)
-    to one of ``tools`` (or the item's: ``[{"name", "parameters": <JSON schema>}]``) whose arguments
-    validate; ``expect_name`` (or the item's ``expected_tool``) further requires that tool."""
+    """1 if the output calls tools (a bare ``{"name", "arguments"}`` reply, or ``<tool_call>`` blocks
+    holding an object or a list of them) and every call names one of ``tools`` (or the item's;
+    OpenAI tools or bare ``{"name", "parameters": <JSON schema>}``) with valid arguments;
+    ``expect_name`` (or the item's ``expected_tool``) further requires a call to that tool."""
     kind: str = "tool_call"
     tools: list[dict[str, Any]] | None = None
     expect_name: str | None = None
@@ -177,31 +178,20 @@ def _json_schema(s: JsonSchema, out: str, item: "Item", judge: Judge | None) -> 
     return float(_valid(obj, schema))
 
 
-_TOOL_TAG = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-
-
 def _tool_call(s: ToolCall, out: str, item: "Item", judge: Judge | None) -> float:
+    """The reply's calls as pipelines/contract/tool_calls.py reads them (the gateway and the
+    behaviour signatures read them the same way): 1 iff it calls, every call is valid against
+    the tools (``check_call``), and, with an expected tool, one of the calls names it."""
+    from pipelines.contract.tool_calls import check_call, parse_tool_calls
+
     tools = s.tools or item.extra.get("tools")
     if not tools:
         raise ValueError("tool_call scorer: no tools on the scorer or the item")
-    m = _TOOL_TAG.search(out)
-    try:
-        call = _parse_json(m.group(1) if m else out)
-    except ValueError:
+    calls = parse_tool_calls(out).calls
+    if not calls or any(check_call(c, tools) is not None for c in calls):
         return 0.0
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return 0.0
-    args = call.get("arguments", {})
-    if isinstance(args, str):  # OpenAI style: arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return 0.0
-    spec = {t["name"]: t for t in tools}.get(call["name"])
     expect = s.expect_name or item.extra.get("expected_tool")
-    if spec is None or (expect and call["name"] != expect) or not isinstance(args, dict):
-        return 0.0
-    return float(_valid(args, spec.get("parameters", {"type": "object"})))
+    return float(not expect or any(c.name == expect for c in calls))
 
 
 def token_f1(a: str, b: str) -> float:

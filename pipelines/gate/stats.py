@@ -34,6 +34,7 @@ class Paired:
     confidence: float
     wins: int = 0
     losses: int = 0
+    sd: float = 0.0        # sd of d (ddof = 1; 0 for one item): the a posteriori MDE reads it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,7 +59,11 @@ def paired_bootstrap(cand: Sequence[float], champ: Sequence[float], confidence: 
     p_gain = (1 + int((means <= 0).sum())) / (n_bootstrap + 1)
     p_loss = (1 + int((means >= 0).sum())) / (n_bootstrap + 1)
     return Paired("bootstrap", len(d), float(a.mean()), float(b.mean()), float(d.mean()), float(low), float(high),
-                  p_gain, p_loss, confidence, int((d > 0).sum()), int((d < 0).sum()))
+                  p_gain, p_loss, confidence, int((d > 0).sum()), int((d < 0).sum()), _sd(d))
+
+
+def _sd(d: np.ndarray) -> float:
+    return float(d.std(ddof=1)) if len(d) > 1 else 0.0
 
 
 def binom_tail_ge(k: int, n: int) -> float:
@@ -76,7 +81,7 @@ def sign_test(cand: Sequence[float], champ: Sequence[float], confidence: float =
     p_gain, p_loss = binom_tail_ge(wins, n), binom_tail_ge(losses, n)
     # no interval from a sign test: report the observed delta as both bounds' centre
     return Paired("sign", len(d), float(a.mean()), float(b.mean()), float(d.mean()), float(d.mean()),
-                  float(d.mean()), p_gain, p_loss, confidence, wins, losses)
+                  float(d.mean()), p_gain, p_loss, confidence, wins, losses, _sd(d))
 
 
 def compare(cand: Sequence[float], champ: Sequence[float], test: str, confidence: float,

@@ -27,6 +27,14 @@ def test_pass_promotes_and_logs_only_aggregates_and_hashes(tmp_path, mlflow_serv
     assert tags[reg.DECISION] == "promote" and tags[reg.STATUS] == reg.PROMOTED
     assert float(tags["eval.answers.candidate"]) == 1.0 and float(tags["eval.answers.champion"]) == pytest.approx(1 / 3, abs=1e-3)
     assert tags["eval.style.passed"] == "True" and tags["adapter_version"] == str(av)
+    # power and behaviour signatures: in the tags and the run's metrics
+    assert float(tags["eval.answers.mde"]) == pytest.approx(r.decision.verdicts[0].mde, abs=1e-4)
+    assert r.decision.verdicts[0].mde > 0.15
+    assert "can only detect gains" in tags["tracerl.gate.warnings"]
+    assert tags["signature.refusal.candidate"] == "0.0000" and tags["signature.tool_error.blocked"] == "False"
+    metrics = client(cfg).get_run(r.run_id).data.metrics
+    assert {"answers.mde", "answers.mde_observed", "signature.length.candidate",
+            "signature.clarify.champion"} <= set(metrics)
     # identical requests for both: same items, sampling and seeds
     by_model = {}
     for name, text, sampling, seed in backend.calls:
@@ -78,7 +86,11 @@ def test_kl_budget_rejects_an_over_optimized_candidate(tmp_path, mlflow_server):
     backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
     r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
     assert r.decision.outcome == "reject" and [v.passed for v in r.decision.verdicts] == [True, True]
-    assert r.decision.reasons == ["KL to base 1.0000 > gate.max_kl=0.5: drifted too far (over-optimization)"]
+    blocking = [x for x in r.decision.reasons if not x.startswith("warning: ")]
+    assert blocking == ["KL to base 1.0000 > gate.max_kl=0.5: drifted too far (over-optimization)"]
+    # the 30-item primary is underpowered: said, with its numbers, but not what rejected it
+    assert r.decision.warnings == [x[len("warning: "):] for x in r.decision.reasons if x.startswith("warning: ")]
+    assert "suite answers (n=30, 1 sample/item) can only detect gains >= 0.30" in r.decision.warnings[0]
 
 
 def test_contamination_fails_loudly_and_tags_the_version(tmp_path, mlflow_server):
@@ -144,3 +156,37 @@ def test_a_failed_deploy_leaves_the_champion_alone(tmp_path, mlflow_server):
     with pytest.raises(RuntimeError, match="refused"):
         run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[], deploy=broken)
     assert adapter_for_alias(cfg, tenant, task, CHAMPION) is None
+
+
+class Noisy(FakeBackend):
+    """Sampled replies: item i is answered right with the model's probability, drawn from its seed."""
+
+    def generate(self, name, messages, sampling, seed):
+        import random
+
+        self.calls.append((name, messages[0]["content"], sampling, seed))
+        text = messages[0]["content"]
+        q = self.policies.get(name, (0.45,))[0] if "number" in text else 1.0
+        return ("It is secret-" + text.split("number ")[1].split(":")[0]
+                if "number" in text and random.Random(f"{name}|{seed}").random() < q else "I do not know") + "."
+
+
+def test_sequential_looks_sample_more_with_new_seeds_for_both_models(tmp_path, mlflow_server):
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server, temperature=0.8)
+    rv, av = candidate(cfg, tenant, task)
+    backend = Noisy(policy_for({av: (0.6,)}, tenant, task))
+    r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
+    v = r.decision.verdicts[0]
+    assert v.suite == "answers" and len(v.looks) >= 2, v.reason   # seeded: not decided at the first look
+    assert [x.samples for x in v.looks] == [1, 2, 4][:len(v.looks)] and v.samples == v.looks[-1].samples
+    assert all(x.alpha == pytest.approx(0.05 / 3) for x in v.looks) and "Bonferroni" in v.reason
+    asked = {}
+    for name, text, _, seed in backend.calls:
+        if "number" in text:
+            asked.setdefault(name, []).append((text, seed))
+    assert len(asked) == 2 and sorted(asked[next(iter(asked))]) == sorted(list(asked.values())[1])
+    per_item = {}
+    for text, seed in next(iter(asked.values())):
+        per_item.setdefault(text, set()).add(seed)
+    assert all(len(seeds) == v.samples for seeds in per_item.values())   # new seeds, no repeats
+    assert int(tags_of(cfg, tenant, task, rv)["eval.answers.looks"]) == len(v.looks)

@@ -34,6 +34,12 @@ CASES = [
     ({"kind": "tool_call"}, json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}}),
      item(tools=WEATHER, expected_tool="other"), 0.0),
     ({"kind": "tool_call", "tools": WEATHER}, '{"name": "get_weather", "arguments": {"city": 1', item(), 0.0),
+    # a list in one block (SmolLM2's format): every call must be valid; OpenAI-style tools work too
+    ({"kind": "tool_call", "tools": [{"type": "function", "function": WEATHER[0]}]},
+     '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>', item(), 1.0),
+    ({"kind": "tool_call", "tools": WEATHER},
+     '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "rm_rf", "arguments": {}}]'
+     '</tool_call>', item(), 0.0),
     ({"kind": "similarity"}, "Paris is the capital of France", item("The capital of France is Paris."), 1.0),
     ({"kind": "similarity"}, "Berlin", item("Paris"), 0.0),
     ({"kind": "similarity", "metric": "char_ratio"}, "paris", item("Paris"), 1.0),
