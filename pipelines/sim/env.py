@@ -9,6 +9,7 @@ few tokens and end with a full stop: concise, complete answers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipelines.contract.events import Event, Feedback, Message, ModelTurn, Sampling, SessionEnd, new_id
 from pipelines.sim.policy import Sample
@@ -29,10 +30,19 @@ def prompts(split: str) -> list[list[dict]]:
 
 @dataclass(frozen=True)
 class HiddenPreference:
-    max_tokens: int = 10
+    """The "concise" family (families.py): a complete reply, ending in '.', within `max_tokens`."""
 
-    def liked(self, s: Sample) -> bool:
-        return self.liked_reply(s.text, len(s.output_ids), s.finish_reason)
+    max_tokens: int = 10
+    name: str = "concise"
+    task: str = "concise"
+    tools: tuple[dict, ...] | None = None
+
+    def prompts(self, split: str) -> list[list[dict]]:
+        return prompts(split)
+
+    def liked(self, s: Any) -> bool:
+        """`s`: a policy Sample or a families.Reply (anything with text, tokens, finish_reason)."""
+        return self.liked_reply(s.text, s.tokens, s.finish_reason)
 
     def liked_reply(self, text: str, tokens: int, finish_reason: str | None) -> bool:
         return finish_reason == "stop" and tokens <= self.max_tokens and text.strip().endswith(".")

@@ -20,6 +20,11 @@ class Sample:
     text: str
     finish_reason: str           # "stop" | "length"
 
+    @property
+    def tokens(self) -> int:
+        """Completion tokens, the stop token included (what a server's usage reports)."""
+        return len(self.output_ids)
+
 
 class HFPolicy:
     def __init__(self, base_model: Path, adapter: Path | None = None, threads: int | None = None):

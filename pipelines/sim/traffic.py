@@ -1,12 +1,17 @@
 """`tracerl simulate`: a synthetic customer app whose users talk to the gateway.
 
-Each simulated user asks one of the task's training prompts through the gateway (the
-OpenAI-compatible endpoint customer apps use), then acts on a hidden preference
-(`env.HiddenPreference`: a complete reply that ends with a full stop, within a few dozen
-tokens): the app delivers the reply over an SMS tool that fails on a truncated or
-over-long message, the user gives thumbs up or down, and the session ends with its
-outcome. The gateway records the served turn (token ids, behaviour logprobs, adapter
-version) and forwards the feedback, so everything reaches Kafka the way production does.
+Each simulated user opens a session with one of the task's training prompts through the
+gateway (the OpenAI-compatible endpoint customer apps use) and goes on for a few turns
+(`turns_per_session`; later turns continue the trace through the gateway's
+`tracerl: {trace_id, turn_index}` field). After each reply the user acts on a hidden
+preference (a family of families.py; by default the task's, else concise): with probability
+`explicit_rate` a thumbs vote (flipped with probability `noise`), otherwise only what the
+user does (sessions.py): regenerate, a dissatisfied or satisfied follow-up, abandonment, or
+carrying on; the session ends completed or abandoned. Apps with tools run them: the concise
+app delivers the reply over an SMS tool that fails on a truncated or over-long message; the
+tools family's app runs the model's calls and reports their real outcome. The gateway records
+the served turns (token ids, behaviour logprobs, adapter version) and forwards the feedback,
+so everything reaches Kafka the way production does.
 """
 
 from __future__ import annotations
@@ -15,66 +20,119 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.deploy.service import GatewayClient
-from pipelines.sim.env import HiddenPreference, prompts
+from pipelines.sim.families import Reply, family_for_task, reply_text
+from pipelines.sim.sessions import Session, UserModel
 
-SMS_LIMIT = 240  # characters the simulated app's SMS tool accepts
+SMS_LIMIT = 240  # characters the simulated concise app's SMS tool accepts
 
 
 @dataclass
 class TrafficConfig:
     tenant: str = "acme"
     task: str = "concise"
-    requests: int = 96
+    requests: int = 96             # sessions (users) to run; each sends 1+ chat requests
     users: int = 16                # concurrent users (vLLM batches their requests)
     max_tokens: int = 48
     temperature: float = 1.0       # top_p 1, top_k off: the logged logprobs are the sampling distribution's
     split: str = "train"           # "heldout" prompts are the private eval's: never sent as traffic
     seed: int = 0
+    turns_per_session: tuple[int, int] = (1, 3)  # inclusive (min, max) turns per session, drawn per user
+    explicit_rate: float = 0.2     # share of turns with a thumbs vote; the others carry implicit signals only
+    noise: float = 0.0             # probability a vote is flipped
+
+    def __post_init__(self) -> None:
+        self.turns_per_session = tuple(self.turns_per_session)  # type: ignore[assignment]  # JSON/TOML lists
+        self.user_model()  # validates the three knobs, with their messages
+        if self.split not in ("train", "heldout"):
+            raise ValueError(f"split={self.split!r}; use 'train' (or 'heldout' for a deliberate leak test)")
+
+    def user_model(self) -> UserModel:
+        return UserModel(turns_per_session=self.turns_per_session, explicit_rate=self.explicit_rate,
+                         noise=self.noise)
 
 
 @dataclass
 class TrafficStats:
-    requests: int = 0
-    failed: int = 0
-    liked: int = 0
+    requests: int = 0              # sessions
+    failed: int = 0                # sessions that hit an error
+    turns: int = 0                 # chat requests served in the sessions that did not fail
+    liked: int = 0                 # of those turns
+    voted: int = 0                 # turns with an explicit vote
+    abandoned: int = 0             # sessions
     started_at: float = 0.0        # wall clock of the first request
     ended_at: float = 0.0
-    versions: dict[str, int] = field(default_factory=dict)   # adapter version -> requests served
+    versions: dict[str, int] = field(default_factory=dict)   # adapter version -> turns served
     errors: list[str] = field(default_factory=list)
 
     @property
     def reward(self) -> float:
         """Share of replies the users liked: the live reward of this traffic."""
-        return self.liked / max(1, self.requests - self.failed)
+        return self.liked / max(1, self.turns)
 
 
-def one_user(client: GatewayClient, messages: list[dict], t: TrafficConfig, pref: HiddenPreference,
-             seed: int) -> tuple[bool, str]:
-    """One session: ask, deliver by SMS, react. Returns (liked, adapter version that served)."""
-    r = client.chat(t.task, messages, max_tokens=t.max_tokens, temperature=t.temperature, top_p=1.0, top_k=-1,
-                    seed=seed, tracerl={"app": "sim"})
-    choice, meta = r["choices"][0], r["tracerl"]
-    text, finish = choice["message"].get("content") or "", choice.get("finish_reason")
-    tokens = int(r.get("usage", {}).get("completion_tokens", 0))
-    liked = pref.liked_reply(text, tokens, finish)
-    trace, turn = meta["trace_id"], meta["turn_id"]
-    fits = finish == "stop" and len(text) <= SMS_LIMIT
-    app = {"task": t.task, "app": "sim"}
+@dataclass
+class SessionResult:
+    liked: list[bool]
+    versions: list[str]
+    voted: int
+    outcome: str
+
+
+def _sms(client: GatewayClient, trace: str, turn: str, reply: Reply, app: dict) -> None:
+    fits = reply.finish_reason == "stop" and len(reply.text) <= SMS_LIMIT
     client.tool_call(trace, turn, "send_sms", "ok" if fits else "error", **app,
-                     arguments={"chars": len(text)},
-                     error=None if fits else ("reply truncated" if finish != "stop" else f"over {SMS_LIMIT} chars"))
-    client.feedback(trace, turn, "thumbs", 1 if liked else -1, **app)
-    client.end(trace, "completed", task_success=liked, turns=1, **app)
-    return liked, meta["adapter_version"]
+                     arguments={"chars": len(reply.text)},
+                     error=None if fits else ("reply truncated" if reply.finish_reason != "stop"
+                                              else f"over {SMS_LIMIT} chars"))
 
 
-def simulate(url: str, api_key: str, t: TrafficConfig, pref: HiddenPreference | None = None,
+def one_user(client: GatewayClient, messages: list[dict], t: TrafficConfig, pref: Any, seed: int,
+             pool: list[list[dict]] | None = None) -> SessionResult:
+    """One session: ask, (deliver / run tools), react, maybe ask again; then end it."""
+    rng = random.Random(seed)
+    sess = Session.start(pool or [messages], messages, t.user_model(), rng)
+    tools = list(getattr(pref, "tools", None) or ())
+    app = {"task": t.task, "app": "sim"}
+    trace: str | None = None
+    liked, versions = [], []
+    while not sess.done:
+        ext: dict[str, Any] = {"app": "sim"}
+        if trace is not None:
+            ext.update(trace_id=trace, turn_index=len(sess.turns))
+        r = client.chat(t.task, sess.messages(), max_tokens=t.max_tokens, temperature=t.temperature, top_p=1.0,
+                        top_k=-1, seed=seed + len(sess.turns), tracerl=ext, **({"tools": tools} if tools else {}))
+        reply, meta = Reply.from_chat(r), r["tracerl"]
+        trace, turn = meta["trace_id"], meta["turn_id"]
+        ok = pref.liked(reply)
+        rec = sess.observe(reply_text(reply), ok)
+        if tools and hasattr(pref, "run_tool"):
+            for call in parse_tool_calls(reply_text(reply)).calls:
+                outcome, error = pref.run_tool(call)
+                client.tool_call(trace, turn, call.name or "unparsed", outcome, **app, arguments=call.arguments,
+                                 **({"error": error} if error else {}))
+        elif getattr(pref, "name", "concise") == "concise":
+            _sms(client, trace, turn, reply, app)
+        for g in rec.signals:
+            extra = {k: v for k, v in (("sentiment", g.sentiment), ("text", g.text)) if v is not None}
+            client.feedback(trace, turn, g.kind, g.value, **app, **extra)
+        liked.append(ok)
+        versions.append(meta["adapter_version"])
+    client.end(trace, sess.outcome, turns=len(sess.turns), **app,
+               **({"task_success": sess.task_success} if sess.task_success is not None else {}))
+    return SessionResult(liked, versions, sum(r.voted for r in sess.turns), sess.outcome)
+
+
+def simulate(url: str, api_key: str, t: TrafficConfig, pref: Any = None,
              progress: Callable[[int, int], None] | None = None) -> TrafficStats:
-    pref = pref or HiddenPreference(max_tokens=40)
-    pool = prompts(t.split)
+    """Run `t.requests` sessions of users with preference `pref` (default: the task's family,
+    else concise with 40 tokens) against the gateway at `url`."""
+    pref = pref or family_for_task(t.task)
+    pool = pref.prompts(t.split)
+    later = list(pool)
     random.Random(t.seed).shuffle(pool)  # distinct prompts first, like many different users
     jobs = [(pool[i % len(pool)], t.seed * 100_003 + i) for i in range(t.requests)]
     client = GatewayClient(url, api_key)
@@ -83,7 +141,7 @@ def simulate(url: str, api_key: str, t: TrafficConfig, pref: HiddenPreference | 
 
     def run(job):
         try:
-            return one_user(client, job[0], t, pref, job[1]), None
+            return one_user(client, job[0], t, pref, job[1], later), None
         except Exception as e:  # noqa: BLE001 - counted and reported, the other users go on
             return None, f"{type(e).__name__}: {e}"
 
@@ -95,9 +153,12 @@ def simulate(url: str, api_key: str, t: TrafficConfig, pref: HiddenPreference | 
                 stats.failed += 1
                 stats.errors.append(error)
             else:
-                liked, version = result
-                stats.liked += liked
-                stats.versions[version] = stats.versions.get(version, 0) + 1
+                stats.turns += len(result.liked)
+                stats.liked += sum(result.liked)
+                stats.voted += result.voted
+                stats.abandoned += result.outcome == "abandoned"
+                for version in result.versions:
+                    stats.versions[version] = stats.versions.get(version, 0) + 1
             if progress:
                 progress(done, t.requests)
     stats.ended_at = time.time()
@@ -106,6 +167,7 @@ def simulate(url: str, api_key: str, t: TrafficConfig, pref: HiddenPreference | 
 
 def summary(stats: TrafficStats) -> str:
     served = ", ".join(f"{v}: {n}" for v, n in sorted(stats.versions.items()))
-    return (f"{stats.requests} requests, {stats.failed} failed, live reward {stats.reward:.3f} "
+    return (f"{stats.requests} sessions ({stats.turns} turns, {stats.voted} voted, {stats.abandoned} abandoned), "
+            f"{stats.failed} failed, live reward {stats.reward:.3f} "
             f"(liked {stats.liked}); served by {served or 'none'}; "
             f"{stats.ended_at - stats.started_at:.0f}s")
