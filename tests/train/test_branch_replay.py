@@ -127,11 +127,18 @@ def test_rejected_candidates_grow_a_branch_and_a_promotion_starts_a_new_one(lcfg
     assert (r3.parent_version, r3.branch_base, r3.branch_depth, r3.reset_reason) == (2, 2, 1, None)
     assert _optimizer_step(v3.path) == 1.0 and v3.meta["optimizer"]["resumed_from"] is None  # fresh AdamW
 
-    cfg.learner.branch = False  # old behaviour: from the champion every time, and the meta says why
-    _reject(cfg, r3)
+    gate_reg.promote(cfg, TENANT, TASK, r3.registry_version)  # v3 goes live, then is rolled back:
+    gate_reg.rollback(cfg, TENANT, TASK)                       # v2 is champion again, v3 its head
     traffic()
     r4 = run_learner(cfg, TENANT, TASK)
-    assert (r4.parent_version, r4.branch_depth, r4.reset_reason) == (2, 1, "learner.branch = false")
+    assert (r4.parent_version, r4.branch_base, r4.branch_depth) == (2, 2, 1)
+    assert r4.reset_reason.startswith("rolled_back: v3")
+
+    cfg.learner.branch = False  # old behaviour: from the champion every time, and the meta says why
+    _reject(cfg, r4)
+    traffic()
+    r5 = run_learner(cfg, TENANT, TASK)
+    assert (r5.parent_version, r5.branch_depth, r5.reset_reason) == (2, 1, "learner.branch = false")
 
 
 @pytest.mark.slow
