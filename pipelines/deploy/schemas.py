@@ -27,9 +27,9 @@ import json
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, create_model, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, RootModel, StringConstraints, ValidationInfo, WithJsonSchema,
+                      create_model, field_validator)
 from pydantic import ValidationError as PydanticError
-from pydantic import model_validator
 from pydantic_core import PydanticCustomError
 
 from pipelines.contract.tool_calls import render_assistant_tool_calls, with_tools
@@ -63,12 +63,46 @@ class TextPart(Strict):
     text: Text
 
 
+_JSON_TYPES = ["string", "number", "integer", "boolean", "array", "object", "null"]
+_PARAMETERS_DOC = {  # the OpenAPI view of ``parameters``; the gateway checks the full Draft 2020-12 schema
+    "anyOf": [{"type": "object", "description": 'a JSON Schema (Draft 2020-12) with "type": "object"',
+               "required": ["type"],
+               "properties": {"type": {"const": "object"},
+                              "properties": {"type": "object", "additionalProperties": {
+                                  "type": "object", "properties": {"type": {"enum": _JSON_TYPES},
+                                                                   "description": {"type": "string"}}}},
+                              "required": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}},
+              {"type": "null"}]}
+
+
+def _message_doc(schema: dict[str, Any]) -> None:
+    """The OpenAPI view of a message, by role: content may be null only beside tool_calls, and
+    only assistant messages carry tool_calls (what the validators below enforce)."""
+    props = schema.pop("properties")
+    schema.pop("required", None)
+    schema.pop("additionalProperties", None)  # each variant closes itself; a closed empty top would refuse all
+    content = [s for s in props["content"]["anyOf"] if s.get("type") != "null"]
+    calls = [s for s in props["tool_calls"]["anyOf"] if s.get("type") != "null"]
+    others = {k: v for k, v in props.items() if k not in ("role", "content", "tool_calls")}
+
+    def variant(roles: list[str], content_ok: bool, calls_required: bool | None) -> dict[str, Any]:
+        p = {"role": {"enum": roles}, **others,
+             "content": {"anyOf": content} if content_ok else {"anyOf": [*content, {"type": "null"}]}}
+        if calls_required is not None:
+            p["tool_calls"] = {"anyOf": calls} if calls_required else props["tool_calls"]
+        return {"type": "object", "properties": p, "additionalProperties": False,
+                "required": ["role", *(["content"] if content_ok else []), *(["tool_calls"] if calls_required else [])]}
+
+    schema["anyOf"] = [variant(["system", "user", "tool"], True, None), variant(["assistant"], True, False),
+                       variant(["assistant"], False, True)]
+
+
 class FunctionDef(Strict):
     """A function the model may call: ``parameters`` is a JSON Schema (Draft 2020-12) of an object."""
 
     name: ToolName
     description: Annotated[str, StringConstraints(max_length=8192)] | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Annotated[dict[str, Any] | None, WithJsonSchema(_PARAMETERS_DOC)] = None
 
     @field_validator("parameters")
     @classmethod
@@ -118,21 +152,31 @@ class AssistantToolCall(Strict):
 
 
 class ChatMessage(Strict):
+    # tool_calls is validated before content: whether content may be null depends on it
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_message_doc)
     role: Literal["system", "user", "assistant", "tool"]
-    content: Text | Annotated[list[TextPart], Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[AssistantToolCall], Field(min_length=1, max_length=MAX_TOOL_CALLS)] | None = None
+    content: Annotated[Text | Annotated[list[TextPart], Field(max_length=256)] | None,
+                       Field(validate_default=True)] = None
     name: Name | None = None
     tool_call_id: Id | None = None
-    tool_calls: Annotated[list[AssistantToolCall], Field(min_length=1, max_length=MAX_TOOL_CALLS)] | None = None
 
-    @model_validator(mode="after")
-    def _shape(self) -> "ChatMessage":
-        if self.tool_calls is not None and self.role != "assistant":
-            raise PydanticCustomError("tool_calls_role", "tool_calls are only for assistant messages, "
-                                      "not {role}", {"role": self.role})
-        if self.content is None and self.tool_calls is None:
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistant_only(cls, v: list[AssistantToolCall] | None, info: ValidationInfo):
+        role = info.data.get("role")
+        if v is not None and role is not None and role != "assistant":
+            raise PydanticCustomError("tool_calls_role", "tool_calls are only for assistant messages, not {role}",
+                                      {"role": role})
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _required(cls, v, info: ValidationInfo):
+        if v is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
             raise PydanticCustomError("missing", "content is required (it may be null only on an assistant "
                                       "message with tool_calls)")
-        return self
+        return v
 
     def text(self) -> str:
         """What the model reads for this message: an assistant's tool calls as the text it wrote."""
@@ -172,7 +216,9 @@ class ChatRequest(Strict):
     frequency_penalty: Penalty | None = None
     user: Name | None = None
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    # documented as what is served; "required" and named choices get a 400 saying so
+    tool_choice: Annotated[str | dict[str, Any] | None,
+                           WithJsonSchema({"anyOf": [{"enum": ["auto", "none"]}, {"type": "null"}]})] = None
     tracerl: TracerlExtension | None = None
 
     @field_validator("tool_choice")

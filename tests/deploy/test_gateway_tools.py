@@ -53,7 +53,11 @@ def body(**fields):
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]}]},
      "messages[0].tool_calls[0].function.arguments", "invalid_arguments"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages[0]", "missing"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "missing"),
+    ({"messages": [{"role": "assistant"}]}, "messages[0].content", "missing"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}}]}]},
+     "messages[0].tool_calls", "tool_calls_role"),
 ])
 def test_bad_tools_are_a_400_naming_the_field(fields, param, code):
     with pytest.raises(ApiError) as err:
