@@ -245,6 +245,9 @@ def test_eval_prompts_are_never_replayed_even_when_the_suite_arrives_later(lcfg)
     traffic()
     r2 = run_learner(cfg, TENANT, TASK)
     assert r2.replayed_turns == 0 and r2.excluded_eval_turns == 2  # the trained pair leaves the pool
+    import shutil
+
+    shutil.rmtree(cfg.gate.suites_dir)  # even with the suite gone, the ledger's version-0 rows keep them out
     traffic()
     r3 = run_learner(cfg, TENANT, TASK)
     rows = _ledger(cfg)
