@@ -43,6 +43,7 @@ class TrafficConfig:
     turns_per_session: tuple[int, int] = (1, 3)  # inclusive (min, max) turns per session, drawn per user
     explicit_rate: float = 0.2     # share of turns with a thumbs vote; the others carry implicit signals only
     noise: float = 0.0             # probability a vote is flipped
+    app: str = "sim"               # the app name the events carry
 
     def __post_init__(self) -> None:
         self.turns_per_session = tuple(self.turns_per_session)  # type: ignore[assignment]  # JSON/TOML lists
@@ -96,11 +97,11 @@ def one_user(client: GatewayClient, messages: list[dict], t: TrafficConfig, pref
     rng = random.Random(seed)
     sess = Session.start(pool or [messages], messages, t.user_model(), rng)
     tools = list(getattr(pref, "tools", None) or ())
-    app = {"task": t.task, "app": "sim"}
+    app = {"task": t.task, "app": t.app}
     trace: str | None = None
     liked, versions = [], []
     while not sess.done:
-        ext: dict[str, Any] = {"app": "sim"}
+        ext: dict[str, Any] = {"app": t.app}
         if trace is not None:
             ext.update(trace_id=trace, turn_index=len(sess.turns))
         r = client.chat(t.task, sess.messages(), max_tokens=t.max_tokens, temperature=t.temperature, top_p=1.0,
