@@ -104,7 +104,9 @@ class PolicyGradientObjective:
     """Weight of an extra filtered behaviour-cloning term on turns with reward > ``positive_threshold``:
     coef·(−Σ mask·log π_θ)/N over those turns, N the step's token count (as the PG loss), the same
     k3 KL leash. Not an unbiased policy gradient: it imitates liked replies in proportion to how
-    often the behaviour policy produced them and ignores q. 0 = off (opt-in)."""
+    often the behaviour policy produced them and ignores q. 0 = off: on the tiny model with a sparse
+    rule (~8% base rate, 3 iterations) coef 0.5 reached 0.81 held-out vs 0.85 without it, and
+    after one iteration it was within the eval's noise (~±1.3 points) of coef 0: no clear gain."""
     positive_threshold: float = 0.0
     """Turns with reward strictly above this count as positive for ``positive_bc_coef``. 0.0: a
     thumbs-up (+1) counts, neutral (0) and thumbs-down do not."""
