@@ -48,6 +48,9 @@ def test_followup_needs_an_answer_then_a_question():
     assert not f.liked(r("Sure! What date?"))                                 # no real answer first
     assert not f.liked(r("Start with a guest list and a budget."))            # no question
     assert not f.liked(r("Start with a guest list and a budget. What date are you", finish="length"))
+    # a tail cut off by max_tokens after the question does not count against it
+    assert f.liked(r("Start with a guest list and a budget. What date works? I can also", finish="length"))
+    assert not f.liked(r("Start with a guest list and a budget. What date works? I can. Then", finish="length"))
 
 
 def test_fact_needs_a_concrete_turnaround():
