@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import TracerlConfig  # noqa: E402
-from pipelines.loop.demo import loop_settings, run_loop  # noqa: E402
+from pipelines.loop.demo import run_loop  # noqa: E402
 from pipelines.loop.run import STAGES, LoopConfig  # noqa: E402
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
 
@@ -31,7 +31,7 @@ def main() -> None:
     ensure_smollm2(cache)
     home = Path(tempfile.mkdtemp(prefix="tracerl-loop-"))
     (home / "models").symlink_to(cache / "models")
-    cfg = loop_settings(TracerlConfig(home=home))
+    cfg = TracerlConfig(home=home)
     cfg.kafka.embedded_port = 19392
     cfg.gateway.port = None
     try:

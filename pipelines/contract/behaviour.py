@@ -65,13 +65,24 @@ def tool_use(text: str, tools: list[dict[str, Any]] | None) -> ToolUse:
     return ToolUse(True, False)
 
 
+_STATEMENT_END = re.compile(r"[.!](?=\s|$)")
+
+
 def is_clarify(text: str, attempted_call: bool, max_chars: int = CLARIFY_MAX_CHARS) -> bool:
-    """The reward spec's "clarify" dodge (pipelines.reward.rules.dodge): no tool call, the reply
-    ends with '?' and is at most ``max_chars`` characters long."""
+    """A clarifying question instead of an answer: no tool call, the reply ends with '?', is at
+    most ``max_chars`` characters long, and states nothing before its questions (no sentence
+    ending in '.' or '!').
+
+    Narrower than the reward spec's "clarify" dodge (pipelines.reward.rules.dodge, any short reply
+    ending in '?'): an answer followed by a follow-up question is not a dodge (the user got the
+    answer), and users who like follow-ups must be learnable without this guard blocking them.
+    The reward side keeps the broad rule because an explicit positive lifts its cap there."""
     if attempted_call or not isinstance(text, str):
         return False
     body = text.rstrip(WHITESPACE)
-    return bool(body) and body.endswith("?") and len(text) <= max_chars
+    if not body.endswith("?") or len(text) > max_chars:
+        return False
+    return _STATEMENT_END.search(body) is None
 
 
 def is_refusal(text: str) -> bool:

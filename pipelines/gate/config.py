@@ -62,11 +62,18 @@ class GateConfig:
     n_bootstrap: int = 2000              # bootstrap resamples
     seed: int = 0                        # bootstrap RNG and per-item sampling seeds
     min_gain: float = 0.0                # primary: required mean gain on top of significance
-    temperature: float = 0.0             # identical sampling for candidate and champion
+    temperature: float = 1.0             # identical sampling for candidate and champion; 1.0 = as the
+                                         #   traffic samples: the gate judges the policy users meet, and
+                                         #   a greedy reply hides a shift in the sampled distribution
+                                         #   (a preference liked at 2% rarely wins the argmax). It also
+                                         #   lets sequential looks add samples; 0 = greedy, one look
     top_p: float = 1.0
-    max_tokens: int = 128
-    samples_per_item: int = 1            # >1 only makes sense with temperature > 0
-    concurrency: int = 8                 # requests in flight to vLLM (it batches them)
+    max_tokens: int = 64                 # the traffic's replies are <= 48 tokens (sim); longer evals
+                                         #   only cost CPU time in vLLM
+    samples_per_item: int = 2            # first look; each further look doubles it (max_looks).
+                                         #   >1 only makes sense with temperature > 0
+    concurrency: int = 16                # requests in flight to vLLM (it batches them; 16 kept the CPU
+                                         #   server busy in the demo's gate)
     max_kl: float | None = 0.5           # KL budget: reject if the learner's last-step KL to the
                                          #   base (adapter meta metrics.kl) exceeds it; None = off.
                                          #   REFERENCE.md: healthy ~0.08, collapsed ~1.0

@@ -10,7 +10,6 @@ continues from the champion the first one left (`--fresh` clears the loop's stat
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import sys
 import time
@@ -22,18 +21,6 @@ from pipelines.services import stack
 from pipelines.sim.traffic import TrafficConfig
 
 STATE = ("lake", "adapters", "deploy", "spill", "mlflow.db", "mlartifacts", "reports")  # not models/, not logs/
-
-
-def loop_settings(cfg: TracerlConfig) -> TracerlConfig:
-    """The demo's settings: SmolLM2, a few quick RL steps, a sampled private eval."""
-    from pipelines.train.config import TrainConfig
-
-    train = cfg.train.to_dict()
-    train["optimizer"] = {**train["optimizer"], "lr": 5e-4, "steps_per_iteration": 4, "micro_batch_size": 8}
-    cfg.train = TrainConfig.from_dict(train)
-    cfg.learner.min_new_turns, cfg.learner.max_turns = 32, 256
-    cfg.gate = dataclasses.replace(cfg.gate, temperature=1.0, samples_per_item=2, max_tokens=48, concurrency=16)
-    return cfg
 
 
 def fresh_start(cfg: TracerlConfig) -> None:
@@ -77,7 +64,6 @@ def run_loop(cfg: TracerlConfig, lc: LoopConfig, *, fresh: bool = False, stop_af
     from pipelines.loop.bootstrap import ensure_serving
     from pipelines.loop.report import format_report, log_to_mlflow, plot
     from pipelines.loop.run import _gateway
-    from pipelines.sim.env import HiddenPreference
     from pipelines.sim.traffic import simulate
 
     t_start = time.monotonic()
@@ -106,7 +92,7 @@ def run_loop(cfg: TracerlConfig, lc: LoopConfig, *, fresh: bool = False, stop_af
         t = TrafficConfig(**{**asdict(lc.traffic), "tenant": lc.tenant, "task": lc.task,
                              "seed": lc.traffic.seed + lc.iterations + 1})
         final = simulate(_gateway(cfg), tenant_key(cfg, lc.tenant), t,
-                         HiddenPreference(max_tokens=lc.preference_max_tokens),
+                         lc.preference(),
                          progress=lambda d, n: bar("traffic", d, n))
         final_version = int(max(final.versions, key=final.versions.get).lstrip("v")) if final.versions else None
         text = format_report(reports, final.reward, final_version)
@@ -128,6 +114,5 @@ def run_loop(cfg: TracerlConfig, lc: LoopConfig, *, fresh: bool = False, stop_af
 
 
 def main(cfg: TracerlConfig, iterations: int = 3, fresh: bool = False, keep: bool = False) -> int:
-    cfg = loop_settings(cfg)
     run_loop(cfg, LoopConfig(iterations=iterations), fresh=fresh, stop_after=not keep)
     return 0

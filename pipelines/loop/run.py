@@ -12,6 +12,7 @@ trace of the iteration's traffic to the moment the adapter trained on it serves.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipelines.config import TracerlConfig
-from pipelines.sim.env import HiddenPreference
 from pipelines.sim.traffic import TrafficConfig, TrafficStats, simulate
 
 SIM_REWARD_SPEC = Path(__file__).resolve().parents[1] / "sim" / "rewards.toml"
@@ -34,9 +34,18 @@ class LoopConfig:
     task: str = "concise"
     iterations: int = 3
     traffic: TrafficConfig = field(default_factory=TrafficConfig)
-    preference_max_tokens: int = 40
+    preference_max_tokens: int | None = None  # concise family only: its token budget (None: 40)
     swap_probe_users: int = 4         # users sending requests while the swap happens
     reward_spec: str = str(SIM_REWARD_SPEC)
+
+    def preference(self) -> Any:
+        """The simulated users' hidden preference: the task's family (sim/families.py), else concise."""
+        from pipelines.sim.families import family_for_task
+
+        fam = family_for_task(self.task)
+        if self.preference_max_tokens is not None and fam.name == "concise":
+            fam = dataclasses.replace(fam, max_tokens=self.preference_max_tokens)
+        return fam
 
 
 @dataclass
@@ -62,7 +71,7 @@ class IterationReport:
 class SwapProbe:
     """Users that keep sending requests while a swap runs, counting failures."""
 
-    def __init__(self, url: str, key: str, t: TrafficConfig, pref: HiddenPreference, users: int):
+    def __init__(self, url: str, key: str, t: TrafficConfig, pref: Any, users: int):
         self.url, self.key, self.t, self.pref, self.users = url, key, t, pref, users
         self._stop = threading.Event()
         self.requests = self.failed = 0
@@ -128,7 +137,7 @@ def run_iteration(cfg: TracerlConfig, lc: LoopConfig, i: int,
     from pipelines.train.run import run_learner
 
     url, key = _gateway(cfg), tenant_key(cfg, lc.tenant)
-    pref = HiddenPreference(max_tokens=lc.preference_max_tokens)
+    pref = lc.preference()
     champion = registry.adapter_for_alias(cfg, lc.tenant, lc.task, registry.CHAMPION)
     clock: dict[str, float] = {}
 

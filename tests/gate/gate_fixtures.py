@@ -37,7 +37,8 @@ def setup(tmp: Path, url: str, **gate_kw) -> tuple[TracerlConfig, GateConfig, st
     cfg.mlflow.tracking_uri = url
     tenant, task = f"t{uuid.uuid4().hex[:8]}", "qa"
     write_suites(tmp / "evals", tenant, task)
-    return cfg, GateConfig(suites_dir=str(tmp / "evals"), **gate_kw), tenant, task
+    greedy = {"temperature": 0.0, "samples_per_item": 1}  # deterministic replies unless a test asks otherwise
+    return cfg, GateConfig(suites_dir=str(tmp / "evals"), **{**greedy, **gate_kw}), tenant, task
 
 
 def candidate(cfg: TracerlConfig, tenant: str, task: str, parent: int | None = None,

@@ -69,7 +69,8 @@ def test_gate_serves_both_adapters_side_by_side_and_decides(live, tmp_path):
     (folder / "sim.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}],
                                                           "reference": "The weather is fine."}) + "\n"
                                               for p in PROMPTS))
-    gate = GateConfig(suites_dir=str(tmp_path / "evals"), max_tokens=12, vllm_url=url, concurrency=4)
+    gate = GateConfig(suites_dir=str(tmp_path / "evals"), max_tokens=12, vllm_url=url, concurrency=4,
+                      temperature=0.0, samples_per_item=1)
     rv1, av1 = publish_and_register(cfg, base, root, tenant, task, seed=1)
     registry.set_alias(cfg, tenant, task, registry.CHAMPION, rv1)  # an existing champion
     rv2, av2 = publish_and_register(cfg, base, root, tenant, task, seed=2, parent=av1)

@@ -36,7 +36,7 @@ def test_mde_is_the_gain_the_test_finds_with_that_power():
 
 
 def test_a_small_suite_warns_with_numbers_and_does_not_block():
-    gate = GateConfig()
+    gate = GateConfig(temperature=0.0, samples_per_item=1)  # one greedy sample per item, one look
     cand, champ = [1.0] * 32, [0.0] * 12 + [1.0] * 20
     v = judge_suite("answers", "primary", 0.0, paired_bootstrap(cand, champ), gate)
     assert v.passed and v.mde > gate.max_mde

@@ -30,6 +30,10 @@ def test_classifiers():
     assert is_clarify("Which city do you mean?", False) and is_clarify("Which city?  \n", False)
     assert not is_clarify("Which city?", True)           # a call is not a dodge
     assert not is_clarify("x" * 300 + "?", False)        # long: an answer that ends with a question
+    # an answer, then a follow-up question: the user got the answer (users may like these)
+    assert not is_clarify("Pack light layers and book early. Would you like a packing list?", False)
+    assert not is_clarify("Sure! Which city do you mean?", False)
+    assert is_clarify("Do you mean the 3.5 or the 4.0 version?", False)
     assert is_refusal("I'm sorry, I can't help with that.") and is_refusal("As an AI, I do not browse.")
     assert is_refusal("I cannot do that") and not is_refusal(ANSWER) and not is_refusal("I can do that.")
     assert classify(ANSWER).chars == len(ANSWER)

@@ -97,7 +97,7 @@ def test_kl_budget():
 
 @pytest.mark.parametrize("kw,words", [
     ({"test": "t"}, "gate.test='t'"), ({"confidence": 1.0}, "confidence=1.0"),
-    ({"n_bootstrap": 10}, "n_bootstrap=10"), ({"max_kl": 0}, "max_kl=0"), ({"samples_per_item": 4}, "temperature=0"),
+    ({"n_bootstrap": 10}, "n_bootstrap=10"), ({"max_kl": 0}, "max_kl=0"), ({"samples_per_item": 4, "temperature": 0.0}, "temperature=0"),
 ])
 def test_gate_config_rejects_bad_values(kw, words):
     with pytest.raises(ValueError, match=words):

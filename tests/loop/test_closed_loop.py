@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from pipelines.config import load_config
-from pipelines.loop.demo import loop_settings, run_loop
+from pipelines.loop.demo import run_loop
 from pipelines.loop.run import STAGES, LoopConfig
 from pipelines.services import stack
 from pipelines.sim.traffic import TrafficConfig
@@ -39,7 +39,7 @@ port = 0
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     from pipelines.services.kafka import ensure_topic
 
-    cfg = loop_settings(load_config(toml))
+    cfg = load_config(toml)
     ensure_topic(cfg)
     return cfg
 
