@@ -29,8 +29,9 @@ class LearnerRunConfig(TargetsConfig):
     group_name="train",
     kinds={"pytorch", "mlflow"},
     output_required=False,
-    description="A new LoRA adapter version per tenant/task, trained from the champion on settled "
-                "rewarded turns; logged to MLflow and registered as a candidate model version.",
+    description="A new LoRA adapter version per tenant/task, trained on new settled rewarded turns plus "
+                "replayed earlier ones, continuing the training branch (its last candidate, or the champion "
+                "after a promotion or a reset); logged to MLflow and registered as a candidate model version.",
 )
 def candidate_adapter(context: dg.AssetExecutionContext, config: LearnerRunConfig, tracerl: TracerlResource):
     cfg = tracerl.load()
@@ -42,7 +43,9 @@ def candidate_adapter(context: dg.AssetExecutionContext, config: LearnerRunConfi
         if r.status == "trained":
             trained.append({"tenant": tenant, "task": task, "adapter_version": r.adapter_version,
                             "parent_version": r.parent_version, "registry_version": r.registry_version,
-                            "turns": r.new_turns, "mlflow_run_id": r.mlflow_run_id,
+                            "turns": r.new_turns, "replayed_turns": r.replayed_turns,
+                            "branch_base": r.branch_base, "branch_depth": r.branch_depth,
+                            "reset_reason": r.reset_reason, "mlflow_run_id": r.mlflow_run_id,
                             "loss": r.metrics.get("loss"), "kl": r.metrics.get("kl")})
     if trained:
         yield dg.MaterializeResult(metadata={

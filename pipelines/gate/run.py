@@ -276,8 +276,12 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
         out.append({"tenant": tenant, "task": task, "registry_version": version, "baseline": r.baseline,
                     "outcome": r.decision.outcome, "passed": r.passed, "reasons": r.decision.reasons,
                     "items": r.items, "seconds": r.seconds, "mlflow_run_id": r.run_id,
+                    "warnings": r.decision.warnings,
                     "suites": {v.suite: {"role": v.role, "candidate": v.stats.candidate_mean,
                                          "champion": v.stats.champion_mean, "delta": v.stats.delta,
-                                         "low": v.stats.low, "passed": v.passed}
-                               for v in r.decision.verdicts}})
+                                         "low": v.stats.low, "passed": v.passed, "mde": v.mde,
+                                         "samples_per_item": v.samples, "looks": len(v.looks)}
+                               for v in r.decision.verdicts},
+                    "signatures": {g.name: {"candidate": g.candidate, "champion": g.champion, "blocked": g.blocked}
+                                   for g in r.decision.signatures}})
     return out
