@@ -1,68 +1,112 @@
-"""Does the learner move SmolLM2-135M-Instruct? Reward before and after each iteration.
+"""Does the loop learn what users want when they say it rarely? Every family, SmolLM2, the real path.
 
-The same loop as the proof-of-learning test (tests/train/test_learns.py) on the real
-model: the champion serves training prompts, simulated users react by a hidden
-preference (a complete reply, ending with '.', within 40 tokens), events flow through
-the embedded Kafka, ingest, rewards and the learner; the new adapter becomes champion.
-Held-out reward is measured before and after every iteration.
+For each hidden-preference family of simulated users (pipelines/sim/families.py: a length
+format, a follow-up question, a concrete fact, valid tool calls through the OpenAI `tools`
+API, a greeting style), its own task starts from the base model (champion v1) and runs
+ITERATIONS turns of the loop exactly as the product runs them (pipelines/loop/run.py):
+simulated users -> gateway -> vLLM; Kafka -> lake -> rewards -> learner -> gate (private
+evals in vLLM) -> hot swap. Shipped defaults (TracerlConfig()), only ports and the home
+differ. Users vote explicitly on 20% of turns and leave implicit signals on the rest.
+
+Before the first and after every iteration: the served rate on held-out prompts (topics the
+traffic never uses) of the champion as vLLM serves it, ± its standard error clustered by
+prompt (pipelines/loop/heldout.py), and the gate's decision.
 
     .venv/bin/python bench/learn.py
-Last line: held_out_reward_gain=<after - before>
+    TRACERL_LEARN_FAMILIES=followup,tools TRACERL_LEARN_ITERATIONS=2 .venv/bin/python bench/learn.py
+
+Target for every family: after the last iteration, served rate >= base + 0.15 and at least
+3 standard errors above base. Last line: learn_min_gain=<smallest (after - base) over families>.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import TracerlConfig  # noqa: E402
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
-from pipelines.services.kafka import start_broker, stop_broker  # noqa: E402
-from pipelines.sim.env import HiddenPreference  # noqa: E402
-from pipelines.sim.loop import SimTask, held_out_reward, iterate  # noqa: E402
-from pipelines.sim.policy import HFPolicy  # noqa: E402
-from pipelines.train.config import OptimizerSettings, TrainConfig  # noqa: E402
 
-ITERATIONS = 3
+ITERATIONS = int(os.environ.get("TRACERL_LEARN_ITERATIONS", "5"))
+FAMILIES = [f for f in os.environ.get("TRACERL_LEARN_FAMILIES", "").split(",") if f]
+EXPLICIT_RATE = 0.2
+SAMPLES = 4  # per held-out prompt
 
 
 def main() -> None:
-    base = ensure_smollm2(Path(".tracerl"))
+    from pipelines import registry
+    from pipelines.deploy.service import tenant_key
+    from pipelines.deploy.vllm_server import read_state
+    from pipelines.loop.bootstrap import ensure_serving
+    from pipelines.loop.heldout import adapter_rate
+    from pipelines.loop.run import LoopConfig, run_iteration
+    from pipelines.services import stack
+    from pipelines.sim.families import families
+    from pipelines.sim.traffic import TrafficConfig
+    from pipelines.train.adapters import AdapterStore
+
+    cache = Path(".tracerl").resolve()
+    ensure_smollm2(cache)
     home = Path(tempfile.mkdtemp(prefix="tracerl-learn-"))
+    (home / "models").symlink_to(cache / "models")
     cfg = TracerlConfig(home=home)
-    cfg.kafka.embedded_port = 19292
-    cfg.ingest.idle_seconds = 1.0
-    cfg.train = TrainConfig(base_model=str(base), seed=0, optimizer=OptimizerSettings(
-        lr=1e-4, steps_per_iteration=4, micro_batch_size=8))
-    cfg.learner.min_new_turns, cfg.learner.max_turns = 32, 512
-    t = SimTask(group=4, max_new_tokens=64, eval_samples=4, train_prompts=32, heldout_prompts=16)
-    pref = HiddenPreference(max_tokens=40)
-    start_broker(cfg)
+    cfg.kafka.embedded_port = 19492
+    cfg.gateway.port = None
+    names = FAMILIES or list(families())
+    rows: dict[str, list] = {}
+    tenant_key(cfg, "acme")  # the simulated app's API key, before the gateway reads the key files
     try:
-        policy = HFPolicy(base)
-        before = held_out_reward(policy, pref, t, seed=0)
-        print(f"iteration 0: held-out reward {before:.3f} ({t.heldout_prompts} prompts x {t.eval_samples})")
-        version, now, first = None, datetime.now(timezone.utc), before
-        for it in range(1, ITERATIONS + 1):
-            t0 = time.monotonic()
-            now += timedelta(hours=1)
-            r, policy, stats = iterate(cfg, base, policy, pref, t, version, seed=100 + it, now=now)
-            version = f"v{r.adapter_version}"
-            after = held_out_reward(policy, pref, t, seed=0)
-            print(f"iteration {it}: live reward {stats['live_reward']:.3f} -> held-out {before:.3f} -> {after:.3f} "
-                  f"(adapter {version}, {r.new_turns} turns, kl {r.metrics.get('kl', float('nan')):.4f}, "
-                  f"{time.monotonic() - t0:.0f}s)")
-            before = after
-        print(f"held_out_reward_gain={after - first:.3f}")
+        for name in stack.SERVE:
+            print(f"[setup] {name}: {stack.start(cfg, name)}", flush=True)
+        vllm = read_state(cfg.home).base_url
+        store = AdapterStore(cfg.adapter_root)
+        for name in names:
+            fam = families()[name]
+            lc = LoopConfig(task=fam.task, iterations=ITERATIONS,
+                            traffic=TrafficConfig(task=fam.task, explicit_rate=EXPLICIT_RATE))
+            v = ensure_serving(cfg, lc.tenant, fam.task)
+
+            def rate(version: int, tag: str):
+                path = store.get(lc.tenant, fam.task, version).path
+                return adapter_rate(vllm, path, fam, f"learn.{fam.task}.{tag}.v{version}", samples=SAMPLES,
+                                    max_tokens=lc.traffic.max_tokens, seed=0)
+
+            base = rate(v, "before")
+            print(f"[{name}] iteration 0: champion v{v}, held-out served rate {base}", flush=True)
+            rows[name] = [(0, base, "", 0.0)]
+            for i in range(1, ITERATIONS + 1):
+                t0 = time.monotonic()
+                rep = run_iteration(cfg, lc, i, log=lambda s: print(f"[{name}] {s}", flush=True))
+                champ = registry.adapter_for_alias(cfg, lc.tenant, fam.task, registry.CHAMPION)
+                r = rate(champ, f"it{i}")
+                wall = time.monotonic() - t0
+                rows[name].append((i, r, f"{rep.outcome} v{rep.candidate}" if rep.candidate else rep.outcome, wall))
+                stages = ", ".join(f"{k} {v:.0f}s" for k, v in rep.stage_s.items())
+                print(f"[{name}] iteration {i}: live {rep.live_reward:.3f}, gate {rep.outcome}, champion v{champ}, "
+                      f"held-out served rate {r} ({wall:.0f}s: {stages})", flush=True)
     finally:
-        stop_broker(cfg)
+        for name in reversed(stack.SERVE):
+            stack.stop(cfg, name)
         shutil.rmtree(home, ignore_errors=True)
+
+    print("\nfamily     iteration  served rate (± SE, clustered by prompt)  gate            seconds")
+    gains = {}
+    for name, rs in rows.items():
+        for i, r, gate, wall in rs:
+            print(f"{name:<10} {i:>9}  {str(r):<40} {gate:<15} {wall:>7.0f}")
+        base, last = rs[0][1], rs[-1][1]
+        gains[name] = last.rate - base.rate
+        se = (base.se ** 2 + last.se ** 2) ** 0.5
+        ok = gains[name] >= 0.15 and gains[name] >= 3 * se
+        print(f"{name:<10} gain {gains[name]:+.3f} ({gains[name] / se if se else float('nan'):.1f} SE): "
+              f"{'meets' if ok else 'misses'} the target (>= +0.15 and >= 3 SE)")
+    print(f"learn_min_gain={min(gains.values()):.3f}" if gains else "learn_min_gain=nan")
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ def run_iteration(cfg: TracerlConfig, lc: LoopConfig, i: int,
         wait_emitted(cfg, url)
     report = IterationReport(i, champion or 0, stats.reward, stats.requests, stats.failed)
     log(f"  traffic: {stats.requests} requests ({stats.failed} failed), live reward {stats.reward:.3f}, "
-        f"served by {stats.versions}")
+        f"served by {stats.versions}" + (f"; first error: {stats.errors[0][:300]}" if stats.errors else ""))
     with timed("ingest"):
         ing = run_ingest(cfg)
     log(f"  ingest:  {ing.landed} events landed, {ing.quarantined} quarantined, {ing.duplicates} duplicates")
