@@ -72,10 +72,41 @@ def sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE.split(text.strip()) if s]
 
 
+class _Topics:
+    """Prompts from `topics` x `templates`; the last `heldout` topics are the private eval's."""
+
+    topics: tuple[str, ...]
+    templates: tuple[str, ...]
+    heldout: int
+
+    def _check_heldout(self) -> None:
+        if not 0 < self.heldout < len(self.topics):
+            raise ValueError(f"heldout={self.heldout}: must be in [1, {len(self.topics) - 1}] topics")
+
+    def prompts(self, split: str) -> list[list[dict]]:
+        return split_prompts(self.topics, self.templates, self.heldout, split)
+
+
+class _Pattern(_Topics):
+    """Users like a reply in which `pattern` matches (case-insensitive), wherever it is."""
+
+    pattern: str
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.pattern)
+        except re.error as e:
+            raise ValueError(f"pattern={self.pattern!r} does not compile: {e}") from None
+        self._check_heldout()
+
+    def liked(self, reply: Any) -> bool:
+        return re.search(self.pattern, reply_text(reply), re.IGNORECASE) is not None
+
+
 # -- follow-up question ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class FollowUp:
+class FollowUp(_Topics):
     """Users like a reply that answers, then asks them a follow-up question: its last complete
     sentence ends with '?' and the text before it is at least one full sentence (ending in '.' or
     '!') of `min_answer_words` words in all (an answer, not a bare question). A tail cut off by
@@ -101,11 +132,7 @@ class FollowUp:
     def __post_init__(self) -> None:
         if self.min_answer_words < 1:
             raise ValueError(f"min_answer_words={self.min_answer_words}: must be >= 1 (an answer before the question)")
-        if not 0 < self.heldout < len(self.topics):
-            raise ValueError(f"heldout={self.heldout}: must be in [1, {len(self.topics) - 1}] topics")
-
-    def prompts(self, split: str) -> list[list[dict]]:
-        return split_prompts(self.topics, self.templates, self.heldout, split)
+        self._check_heldout()
 
     def liked(self, reply: Any) -> bool:
         text = reply_text(reply).strip()
@@ -123,7 +150,7 @@ _SPAN = r"\b\d+(?:\s*(?:-|–|to|or)\s*\d+)?\s*(?:business\s+|working\s+)?(?:hou
 
 
 @dataclass(frozen=True)
-class Fact:
+class Fact(_Pattern):
     """Users of a support desk like a reply that commits to a concrete turnaround: a number of
     hours, days or weeks ("within 24 hours", "3-5 business days"), not "as soon as possible"."""
 
@@ -144,19 +171,6 @@ class Fact:
     templates: tuple[str, ...] = ("How long does {} take?", "When will {} be sorted out?",
                                   "I am still waiting on {}. What happens next?", "Can you help me with {}?")
 
-    def __post_init__(self) -> None:
-        try:
-            re.compile(self.pattern)
-        except re.error as e:
-            raise ValueError(f"pattern={self.pattern!r} does not compile: {e}") from None
-        if not 0 < self.heldout < len(self.topics):
-            raise ValueError(f"heldout={self.heldout}: must be in [1, {len(self.topics) - 1}] topics")
-
-    def prompts(self, split: str) -> list[list[dict]]:
-        return split_prompts(self.topics, self.templates, self.heldout, split)
-
-    def liked(self, reply: Any) -> bool:
-        return re.search(self.pattern, reply_text(reply), re.IGNORECASE) is not None
 
 
 # -- tools: a valid call through the OpenAI tools API -----------------------------------------------
@@ -180,7 +194,7 @@ TOOLS: tuple[dict, ...] = (
 
 
 @dataclass(frozen=True)
-class Tools:
+class Tools(_Topics):
     """Users of an assistant app ask things only a tool can answer (weather, currency, local time)
     and like the reply iff it makes a call that is valid against the tools sent (check_call is
     None for every call, and there is at least one). The app then runs the call (`run_tool`) and
@@ -201,11 +215,7 @@ class Tools:
     def __post_init__(self) -> None:
         if not self.tools:
             raise ValueError("tools=(): the tools family needs at least one tool to send")
-        if not 0 < self.heldout < len(self.topics):
-            raise ValueError(f"heldout={self.heldout}: must be in [1, {len(self.topics) - 1}] topics")
-
-    def prompts(self, split: str) -> list[list[dict]]:
-        return split_prompts(self.topics, self.templates, self.heldout, split)
+        self._check_heldout()
 
     def calls(self, reply: Any) -> tuple[Call, ...]:
         return parse_tool_calls(reply_text(reply)).calls
@@ -232,7 +242,7 @@ _GREETING = r"^\W*(hi|hello|hey|greetings|good (morning|afternoon|evening)|dear)
 
 
 @dataclass(frozen=True)
-class Style:
+class Style(_Pattern):
     """Users of a friendly shop like a reply that opens with a greeting ("Hi!", "Hello there,",
     "Good morning"), whatever follows."""
 
@@ -253,19 +263,6 @@ class Style:
     templates: tuple[str, ...] = ("Tell me about {}.", "Quick question about {}.",
                                   "What can you say about {}?", "I have a question on {}.")
 
-    def __post_init__(self) -> None:
-        try:
-            re.compile(self.pattern)
-        except re.error as e:
-            raise ValueError(f"pattern={self.pattern!r} does not compile: {e}") from None
-        if not 0 < self.heldout < len(self.topics):
-            raise ValueError(f"heldout={self.heldout}: must be in [1, {len(self.topics) - 1}] topics")
-
-    def prompts(self, split: str) -> list[list[dict]]:
-        return split_prompts(self.topics, self.templates, self.heldout, split)
-
-    def liked(self, reply: Any) -> bool:
-        return re.search(self.pattern, reply_text(reply), re.IGNORECASE) is not None
 
 
 # -- the registry -----------------------------------------------------------------------------------
