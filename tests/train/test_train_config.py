@@ -17,7 +17,7 @@ from pipelines.train.config import (
 
 def test_defaults_are_valid_and_round_trip():
     cfg = TrainConfig()
-    assert cfg.lora.r == 16 and cfg.optimizer.lr == 1e-4
+    assert cfg.lora.r == 16 and cfg.optimizer.lr == 5e-4
     assert isinstance(cfg.objective, PolicyGradientObjective)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     kto = TrainConfig(objective=KTOObjective(beta=0.2))
