@@ -8,14 +8,14 @@ candidate_adapter -> promotion (the gate, with its checks) -> deployment.
 
 import dagster as dg
 
-from assets import deploy, gate, ingest, reward, train
+from assets import deploy, gate, ingest, review, reward, train
 from assets.resources import TracerlResource
 
 defs = dg.Definitions(
     assets=[*ingest.ingest_assets, *reward.reward_assets, *train.train_assets, *gate.gate_assets,
             *deploy.deploy_assets],
-    jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs, *gate.gate_jobs],
+    jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs, *review.review_jobs],
     schedules=[ingest.ingest_schedule, *reward.reward_schedules, *train.train_schedules],
-    sensors=[*train.train_sensors, *gate.gate_sensors],
+    sensors=[*train.train_sensors, *review.review_sensors],
     resources={"tracerl": TracerlResource()},
 )
