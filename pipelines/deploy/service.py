@@ -1,6 +1,7 @@
 """Run the gateway: in this process (``serve``), in a thread (tests, benches) or as a background
 process with a pid/port state file (``start_gateway`` / ``stop_gateway``, like the Kafka broker);
-CLI-facing admin calls (``deploy``, ``rollback``, ``swap_history``) and a small app SDK.
+the swap primitive (``swap``; what should serve is decided by ``reconcile``), ``swap_history``
+and a small app SDK.
 
 State under ``<home>``: ``run/gateway.json`` (pid, port), ``logs/gateway.log``,
 ``gateway/admin.key`` and ``gateway/secret`` (0600, generated once), ``deploy/routes.json``,
@@ -207,10 +208,16 @@ def _gateway_url(cfg: TracerlConfig) -> str:
     return state.url
 
 
-def deploy(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str) -> dict[str, Any]:
-    """Promote ``version`` through the running gateway; the swap record, or GatewayError."""
+def swap(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str) -> dict[str, Any]:
+    """Hot-swap adapter ``version`` into the running gateway (load, flip, drain, unload): the one
+    swap primitive, called by reconcile (pipelines/deploy/reconcile.py), which decides what should
+    serve from the registry's ``champion``. The swap record, or GatewayError (the old version keeps
+    serving)."""
     return _call(f"{_gateway_url(cfg)}/admin/deploy", admin_key(cfg),
                  {"tenant": tenant, "task": task, "version": int(version), "who": who})
+
+
+deploy = swap  # the old name, still called by the loop drivers; new code calls reconcile
 
 
 def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str) -> dict[str, Any]:
