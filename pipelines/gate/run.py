@@ -28,7 +28,7 @@ from pipelines.gate.scorers import ToolCall, judge_from
 from pipelines.gate.sequential import sequential_compare
 from pipelines.gate.signatures import compare_signatures
 from pipelines.gate.stats import compare
-from pipelines.gate.suites import Suite, load_suites
+from pipelines.gate.suites import Suite, load_suites, suite_problem
 from pipelines.registry import CHAMPION, model_name
 
 
@@ -106,10 +106,12 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         reg.mark_rejected(cfg, tenant, task, str(registry_version))
         raise ContaminationError(f"{name} v{registry_version}: " + result.decision.reasons[0])
 
-    if not suites:
-        outcome = REJECT if gate.fail_on_missing_suites else (HOLD if gate.review else PROMOTE)
-        result.decision = Decision(outcome, [f"no eval suites under {gate.suites_dir}/{tenant}/{task}/ "
-                                             f"(gate.fail_on_missing_suites={gate.fail_on_missing_suites})"])
+    problem = suite_problem(gate.suites_dir, tenant, task, suites)  # none, or placeholder items
+    if problem:
+        lenient = not suites and not gate.fail_on_missing_suites  # placeholders never pass
+        outcome = (HOLD if gate.review else PROMOTE) if lenient else REJECT
+        result.decision = Decision(outcome, [problem + ("" if suites else
+                                             f" (gate.fail_on_missing_suites={gate.fail_on_missing_suites})")])
         _record(cfg, gate, result, suites, {})
     else:
         # -- serve both side by side, evaluate on identical requests -------------------------

@@ -12,6 +12,10 @@ Layout: ``<suites_dir>/<tenant>/<task>/<suite>.toml``, each naming a JSONL file 
 Each JSONL line: ``{"id"?: str, "messages": [{"role","content"}...], "reference"?: str, ...}``;
 extra fields (``pattern``, ``schema``, ``tools``) feed the scorers. Item ids are never logged
 in clear: ``item_hash`` (sha256 of the normalized prompt) is what MLflow sees.
+
+``<suites_dir>/_template/`` (README + a suite of placeholder items) is what ``tracerl tenant add``
+copies for a new tenant/task. Its items carry ``"placeholder": true``; the gate refuses to promote
+on a suite holding any (``suite_problem``), and says so, until they are replaced.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from typing import Any
 from pipelines.gate.scorers import Scorer, parse_scorer
 
 ROLES = ("primary", "guardrail")
+TEMPLATE = "_template"          # <suites_dir>/_template/: the scaffold (not a tenant: ids start alnum)
+PLACEHOLDER = "placeholder"     # an item field: true on the template's example items
+REFUSE_PLACEHOLDERS = ("the gate will refuse to promote on the template's placeholder items until "
+                       "they are replaced")
 _WS = re.compile(r"\s+")
 
 
@@ -60,6 +68,11 @@ class Item:
     @property
     def hash(self) -> str:
         return prompt_hash(self.messages)
+
+    @property
+    def placeholder(self) -> bool:
+        """A template example (``"placeholder": true``), not a real eval item."""
+        return self.extra.get(PLACEHOLDER) is True
 
 
 @dataclass(frozen=True)
@@ -136,3 +149,22 @@ def load_suites(suites_dir: str | Path, tenant: str, task: str) -> list[Suite]:
     if len(set(names)) != len(names):
         raise ValueError(f"{folder}: suite names repeat: {names}")
     return suites
+
+
+def suite_problem(suites_dir: str | Path, tenant: str, task: str, suites: list[Suite]) -> str | None:
+    """Why ``suites`` (``load_suites`` of tenant/task) cannot decide a promotion, or None: there are
+    none, or some still hold the template's placeholder items. The gate's reason, word for word."""
+    folder = Path(suites_dir) / tenant / task
+    guide = f"{Path(suites_dir) / TEMPLATE / 'README.md'}"
+    if not suites:
+        return (f"no eval suites under {folder}/: the gate has nothing to compare a candidate on. "
+                f"Scaffold one with `tracerl tenant add {tenant} --task {task}` (or copy "
+                f"{Path(suites_dir) / TEMPLATE}/ there), then replace its placeholder items with your own "
+                f"prompts: {REFUSE_PLACEHOLDERS} ({guide})")
+    held = [(s, sum(i.placeholder for i in s.items)) for s in suites]
+    held = [(s, n) for s, n in held if n]
+    if held:
+        where = ", ".join(f"{s.path or s.name}: {n} of {len(s.items)} items" for s, n in held)
+        return (f"placeholder eval items in {folder}/ ({where} carry \"{PLACEHOLDER}\": true): "
+                f"{REFUSE_PLACEHOLDERS} with your own held-out prompts ({guide})")
+    return None
