@@ -151,15 +151,23 @@ def load_suites(suites_dir: str | Path, tenant: str, task: str) -> list[Suite]:
     return suites
 
 
+def template_dir(suites_dir: str | Path) -> Path:
+    """The suite scaffold: ``<suites_dir>/_template/`` if there is one, else the one shipped with
+    tracerl (``evals/_template/`` of this checkout)."""
+    own = Path(suites_dir) / TEMPLATE
+    return own if own.is_dir() else Path(__file__).resolve().parents[2] / "evals" / TEMPLATE
+
+
 def suite_problem(suites_dir: str | Path, tenant: str, task: str, suites: list[Suite]) -> str | None:
     """Why ``suites`` (``load_suites`` of tenant/task) cannot decide a promotion, or None: there are
     none, or some still hold the template's placeholder items. The gate's reason, word for word."""
     folder = Path(suites_dir) / tenant / task
-    guide = f"{Path(suites_dir) / TEMPLATE / 'README.md'}"
+    template = template_dir(suites_dir)
+    guide = template / "README.md"
     if not suites:
         return (f"no eval suites under {folder}/: the gate has nothing to compare a candidate on. "
                 f"Scaffold one with `tracerl tenant add {tenant} --task {task}` (or copy "
-                f"{Path(suites_dir) / TEMPLATE}/ there), then replace its placeholder items with your own "
+                f"{template}/ there), then replace its placeholder items with your own "
                 f"prompts: {REFUSE_PLACEHOLDERS} ({guide})")
     held = [(s, sum(i.placeholder for i in s.items)) for s in suites]
     held = [(s, n) for s, n in held if n]
