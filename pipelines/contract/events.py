@@ -91,6 +91,10 @@ class ModelTurn(Event):
     their behaviour-policy logprobs; the learner's off-policy correction needs
     them. Producers that cannot send them may omit both; the learner then
     re-tokenizes and counts that.
+
+    `train` false marks a turn that must never be trained on (evaluation traffic, a user
+    without consent): it lands and gets rewards, the learner and its replay skip it. Absent
+    (every event before the field existed) means true.
     """
 
     type: ClassVar[str] = "model_turn"
@@ -107,6 +111,7 @@ class ModelTurn(Event):
     sampling: Sampling | None = None
     finish_reason: str | None = None
     latency_ms: float | None = None
+    train: bool = True
 
 
 @dataclass(kw_only=True)

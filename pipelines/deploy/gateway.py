@@ -9,8 +9,11 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   carries ``tracerl: {trace_id, turn_id, adapter_version}`` and ``X-Tracerl-Trace-Id`` /
   ``X-Tracerl-Turn-Id`` headers; streaming (SSE) puts ``tracerl`` in the first chunk. A
   ``ModelTurn`` with tokens, behaviour logprobs, sampling and latency goes to the emitter
-  (never awaited). Optional request field ``tracerl: {trace_id, turn_index, app}`` continues
-  a trace.
+  (never awaited). Optional request field ``tracerl: {trace_id, turn_index, app, train}``
+  continues a trace; ``train: false`` (or the header ``X-Tracerl-Train: false``) records the
+  turn with ``train: false``: it lands and gets rewards, the learner never trains on it
+  (evaluation traffic, users without consent). Anything but a JSON boolean there, or anything
+  but true/false in the header, or the two disagreeing, is a 400 naming the field.
 - Tools: ``tools`` (OpenAI function tools) with ``tool_choice`` "auto" (the default) are rendered
   into the system prompt, hermes style (``pipelines.contract.tool_calls``), and the reply is
   parsed: well-formed ``<tool_call>`` calls come back as ``message.tool_calls`` (arguments a JSON
@@ -32,7 +35,10 @@ is checked by the contract validator and the event size limit *before* vLLM is c
 event is queued. What the emitter or ingest would refuse is a 4xx here, never accepted and
 dropped; every error is OpenAI's ``{"error": {message, type, param, code}}`` (``errors``).
 
-Tenancy: a key belongs to one tenant; a tenant sees only its own routes. Trace ids are signed
+Tenancy: a key belongs to one tenant; a tenant sees only its own routes. Keys are configured
+(``gateway.api_keys``) or files under ``<home>/gateway/keys/``, which the gateway follows while it
+runs (``keys.KeyRing``): a tenant added by ``tracerl tenant add`` chats at once, a deleted key
+file stops working. Trace ids are signed
 with the tenant, and turn ids with the tenant and their trace (HMAC, a separate key), so
 feedback or a tool call naming another tenant's trace or turn, or a turn of another trace, is
 refused with 404 without any lookup table. Binds 127.0.0.1 unless ``GatewayConfig.host`` says
@@ -63,9 +69,11 @@ from pipelines.deploy.emitter import Emitter
 from pipelines.deploy.errors import ApiError, error_response, errors_as_json
 from pipelines.deploy.gateway_config import GatewayConfig  # noqa: F401 - re-exported
 from pipelines.deploy.json_body import parse_json
+from pipelines.deploy.keys import KeyRing
 from pipelines.deploy.routing import Router, UnknownModel
 from pipelines.deploy.schemas import ChatRequest, parse
 
+TRAIN_HEADER = "X-Tracerl-Train"  # "false": record the turn as never to be trained on
 BYTES_PER_OUTPUT_TOKEN = 64    # an output token's share of the event: text, id, logprob (JSON)
 DEFAULT_OUTPUT_TOKENS = 4096   # the room kept for the output when the request sets no limit
 # event field -> request field, to name the client's field when the contract refuses an event
@@ -100,11 +108,11 @@ def tool_reply(text: str) -> dict[str, Any] | None:
 
 class Gateway:
     def __init__(self, gcfg: GatewayConfig, router: Router, deployer: Deployer, emitter: Emitter,
-                 secret: bytes, admin_key: str):
+                 secret: bytes, admin_key: str, keys: KeyRing | None = None):
         self.gcfg, self.router, self.deployer, self.emitter = gcfg, router, deployer, emitter
         self._secret, self._admin_key = secret, admin_key
         self._turn_secret = hmac.new(secret, b"tracerl turn ids", hashlib.sha256).digest()  # not a trace key
-        self._tenant_of = {key: tenant for tenant, key in gcfg.api_keys.items()}
+        self.keys = keys or KeyRing(gcfg.api_keys, None)  # configured keys only, unless given a folder
         self._next_upstream = itertools.cycle(deployer.upstreams)
         self._turns: OrderedDict[str, int] = OrderedDict()  # trace -> next turn index (bounded)
         self._openapi = schemas.openapi()
@@ -143,11 +151,25 @@ class Gateway:
         return auth[7:].strip() if auth.startswith("Bearer ") else ""
 
     def _tenant(self, request: web.Request) -> str:
-        key = self._key(request)
-        tenant = self._tenant_of.get(key)
-        if tenant is None or not hmac.compare_digest(self.gcfg.api_keys[tenant].encode(), key.encode()):
+        tenant = self.keys.tenant_of(self._key(request))
+        if tenant is None:
             raise ApiError(401, "a tenant API key is required")
         return tenant
+
+    @staticmethod
+    def _train(request: web.Request, ext: schemas.TracerlExtension) -> bool:
+        """Whether the turn may be trained on: ``X-Tracerl-Train`` and ``tracerl.train``, true
+        when neither is sent; a header other than true/false, or the two disagreeing, is a 400."""
+        sent = request.headers.getall(TRAIN_HEADER, [])
+        values = {v.strip().lower() for v in sent}
+        if sent and (len(values) != 1 or not values <= {"true", "false"}):
+            raise ApiError(400, f"header {TRAIN_HEADER} must be true or false (once), got "
+                                f"{', '.join(repr(v[:40]) for v in sent[:3])}", TRAIN_HEADER, code="invalid_train_flag")
+        header = values.pop() == "true" if sent else None
+        if header is not None and ext.train is not None and header != ext.train:
+            raise ApiError(400, f"tracerl.train={str(ext.train).lower()} contradicts header {TRAIN_HEADER}: "
+                                f"{str(header).lower()}; send one of them", "tracerl.train", code="invalid_train_flag")
+        return next((v for v in (header, ext.train) if v is not None), True)
 
     def _admin(self, request: web.Request) -> None:
         if not hmac.compare_digest(self._key(request).encode(), self._admin_key.encode()):
@@ -218,6 +240,7 @@ class Gateway:
         tenant = self._tenant(request)
         req = parse(ChatRequest, await self._body(request))
         ext = req.tracerl or schemas.TracerlExtension()
+        train = self._train(request, ext)
         given_trace = ext.trace_id or request.headers.get("X-Tracerl-Trace-Id")
         if given_trace and not self.owns(tenant, given_trace):
             raise ApiError(404, f"trace {given_trace[:80]!r} is not one of this tenant's traces", "tracerl.trace_id")
@@ -230,7 +253,7 @@ class Gateway:
             trace_id = given_trace or self.new_trace_id(tenant)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
                     "adapter_version": f"v{lease.version}", "turn_index": self._turn_index(trace_id, ext.turn_index),
-                    "app": ext.app or self.gcfg.app}
+                    "app": ext.app or self.gcfg.app, "train": train}
             provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
                                            finish=None, latency_ms=0.0)
             self._check_event(provisional, self._output_room(req), chat=True)
@@ -396,7 +419,8 @@ class Gateway:
                          turn_id=turn["turn_id"], turn_index=turn["turn_index"], model=lease.name,
                          adapter_version=turn["adapter_version"], input_messages=messages, output_text=text,
                          output_token_ids=token_ids, output_logprobs=logprobs, prompt_token_ids=prompt_ids,
-                         sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2)).to_dict()
+                         sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2),
+                         train=turn["train"]).to_dict()
 
     def _emit(self, lease, turn, req, **outputs) -> None:
         """Record the served turn. Prompt ids are optional in the contract (the learner can

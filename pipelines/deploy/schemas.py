@@ -188,11 +188,13 @@ class ChatMessage(Strict):
 
 
 class TracerlExtension(Strict):
-    """Continue a trace: its id (from an earlier response), this turn's index, the calling app."""
+    """Continue a trace: its id (from an earlier response), this turn's index, the calling app;
+    ``train: false`` records a turn the learner must never train on (eval traffic, no consent)."""
 
     trace_id: Id | None = None
     turn_index: Annotated[int, Field(ge=0, le=INT32[1])] | None = None
     app: Name | None = None
+    train: bool | None = None
 
 
 class ChatRequest(Strict):

@@ -4,17 +4,16 @@ the swap primitive (``swap``; what should serve is decided by ``reconcile``), ``
 and a small app SDK.
 
 State under ``<home>``: ``run/gateway.json`` (pid, port), ``logs/gateway.log``,
-``gateway/admin.key`` and ``gateway/secret`` (0600, generated once), ``deploy/routes.json``,
+``gateway/admin.key`` and ``gateway/secret`` (0600, generated once), ``gateway/keys/<tenant>.key``
+(tenant keys, followed by the running gateway: ``keys.py``), ``deploy/routes.json``,
 ``deploy/swaps.jsonl``, ``spill/``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
-import secrets
 import sys
 import threading
 import urllib.error
@@ -38,13 +37,10 @@ def gateway_config(cfg: TracerlConfig) -> GatewayConfig:
 
 
 def _secret_file(path: Path, nbytes: int = 32) -> str:
-    """Read ``path``, or create it with a random token readable by its owner only."""
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(nbytes))
-    return path.read_text().strip()
+    """Read ``path``, or create it, whole, with a random token readable by its owner only."""
+    from pipelines.deploy.keys import write_key_file
+
+    return write_key_file(path, nbytes)[0]
 
 
 def admin_key(cfg: TracerlConfig) -> str:
@@ -54,16 +50,18 @@ def admin_key(cfg: TracerlConfig) -> str:
 
 def tenant_key(cfg: TracerlConfig, tenant: str) -> str:
     """The tenant's API key: `gateway.api_keys[tenant]`, else `<home>/gateway/keys/<tenant>.key`
-    (created on first use; the gateway reads these files at start)."""
-    from pipelines.train.adapters import check_id
+    (created on first use; a running gateway picks it up on its next request)."""
+    from pipelines.deploy.keys import KEY_BYTES, key_path
 
     configured = gateway_config(cfg).api_keys.get(tenant)
-    return configured or _secret_file(Path(cfg.home) / "gateway" / "keys" / f"{check_id(tenant, 'tenant')}.key", 24)
+    return configured or _secret_file(key_path(cfg.home, tenant), KEY_BYTES)
 
 
-def _key_files(cfg: TracerlConfig) -> dict[str, str]:
-    folder = Path(cfg.home) / "gateway" / "keys"
-    return {p.stem: p.read_text().strip() for p in sorted(folder.glob("*.key"))} if folder.is_dir() else {}
+def key_ring(cfg: TracerlConfig, gcfg: GatewayConfig, admin: str):
+    """The gateway's keys: configured ones plus `<home>/gateway/keys/*.key`, followed while it runs."""
+    from pipelines.deploy.keys import KeyRing, key_folder
+
+    return KeyRing(gcfg.api_keys, key_folder(cfg.home), reserved=(admin,))
 
 
 def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitter_options: Any) -> Gateway:
@@ -77,7 +75,6 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
     from pipelines.train.adapters import AdapterStore
 
     gcfg = gcfg or gateway_config(cfg)
-    gcfg = dataclasses.replace(gcfg, api_keys={**_key_files(cfg), **gcfg.api_keys})  # configured keys win
     home = Path(cfg.home)
     upstreams = list(gcfg.upstreams)
     if not upstreams:
@@ -97,7 +94,8 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
                                                           replay_interval_s=gcfg.replay_interval_s),
                       **emitter_options)
     secret = _secret_file(home / "gateway" / "secret").encode()
-    return Gateway(gcfg, router, deployer, emitter, secret, gcfg.admin_key or admin_key(cfg))
+    admin = gcfg.admin_key or admin_key(cfg)
+    return Gateway(gcfg, router, deployer, emitter, secret, admin, key_ring(cfg, gcfg, admin))
 
 
 class GatewayThread:

@@ -39,6 +39,7 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
         ("sampling", "$.sampling", "JSON"),
         ("finish_reason", "$.finish_reason", "VARCHAR"),
         ("latency_ms", "latency_ms", "DOUBLE"),
+        ("train", "$.train", "BOOLEAN"),  # false: never trained on (eval traffic, no consent)
     ]),
     "tool_calls": ("tool_call", [
         ("call_id", "call_id", "VARCHAR"),
@@ -64,6 +65,10 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     ]),
 }
 
+# (view, column) -> what the column reads where the field is absent: a turn from before the
+# `train` field existed was always trainable.
+VIEW_DEFAULTS: dict[tuple[str, str], str] = {("turns", "train"): "true"}
+
 
 def _extract(path: str, sql_type: str) -> str:
     """SQL for one typed column. Defensive, so one bad row can never fail a whole query: the payload
@@ -76,6 +81,10 @@ def _extract(path: str, sql_type: str) -> str:
     if sql_type == "JSON":
         return f"json_extract(_json, '{path}')"
     return f"TRY_CAST(json_extract(_json, '{path}') AS {sql_type})"
+
+
+def _with_default(sql: str, default: str | None) -> str:
+    return sql if default is None else f"COALESCE({sql}, {default})"
 
 
 def _source(con: duckdb.DuckDBPyConnection, root: Path, dataset: str, schema: pa.Schema,
@@ -98,7 +107,8 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckd
     events = _source(con, root, EVENTS, EVENTS_SCHEMA, {"tenant": "VARCHAR", "date": "DATE"})
     con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM {events}")
     for view, (event_type, cols) in TYPED_VIEWS.items():
-        typed = ", ".join(f"{_extract(path, t)} AS {name}" for name, path, t in cols)
+        typed = ", ".join(f"{_with_default(_extract(path, t), VIEW_DEFAULTS.get((view, name)))} AS {name}"
+                          for name, path, t in cols)
         con.execute(
             f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, _json AS payload "
             f"FROM (SELECT *, TRY_CAST(payload AS JSON) AS _json FROM events WHERE type = '{event_type}')"

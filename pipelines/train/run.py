@@ -68,14 +68,16 @@ def _ledger_source(lake_root: Path) -> str:
 def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -> list[TrainTurn]:
     """Settled, labelled turns of tenant/task that no adapter has trained on, oldest first.
 
-    Turns with identical input messages form a group (several samples of one prompt).
+    Turns with identical input messages form a group (several samples of one prompt). A turn
+    marked ``train = false`` (eval traffic, no consent: ``X-Tracerl-Train: false`` at the
+    gateway) is never one of them; it still lands and gets its reward.
     """
     con = connect(cfg.lake)
     rows = con.execute(f"""
         SELECT t.turn_id, t.task, t.prompt_token_ids, t.input_messages::VARCHAR, t.output_token_ids,
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
-        WHERE r.settled AND r.labelled AND t.tenant = ? AND t.task = ?
+        WHERE r.settled AND r.labelled AND t.train AND t.tenant = ? AND t.task = ?
           AND t.turn_id NOT IN (SELECT l.turn_id FROM {_ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time LIMIT ?""", [tenant, task, tenant, task, limit]).fetchall()
