@@ -86,18 +86,48 @@ def cmd_simulate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
         t = TrafficConfig(**{**t.__dict__, "seed": t.seed + 1})
 
 
-def cmd_deploy(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.deploy.service import deploy
+def _operator_action(action: str, run) -> int:
+    """Run an operator action (pipelines/deploy/operations.py); 2 = refused, 1 = the swap failed."""
+    from pipelines.deploy.operations import Refused
 
-    print(json.dumps(deploy(cfg, args.tenant, args.task, args.version, args.who), indent=1, default=str))
+    try:
+        result = run()
+    except Refused as e:
+        print(f"tracerl {action}: refused: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_dict(), indent=1, default=str))
+    if not result.ok:
+        print(f"tracerl {action}: the registry moved, but {result.summary()}; the next `deployment` run "
+              f"retries", file=sys.stderr)
+        return 1
     return 0
+
+
+def cmd_deploy(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy import operations
+
+    return _operator_action("deploy", lambda: operations.deploy(cfg, args.tenant, args.task, args.version, args.who,
+                                                                args.why, force=args.force))
 
 
 def cmd_rollback(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.deploy.service import rollback
+    from pipelines.deploy import operations
 
-    print(json.dumps(rollback(cfg, args.tenant, args.task, args.who), indent=1, default=str))
-    return 0
+    return _operator_action("rollback", lambda: operations.rollback(cfg, args.tenant, args.task, args.who, args.why))
+
+
+def cmd_approve(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy import operations
+
+    return _operator_action("approve", lambda: operations.approve(cfg, args.tenant, args.task, args.version,
+                                                                  args.who, args.why))
+
+
+def cmd_reject(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.deploy import operations
+
+    return _operator_action("reject", lambda: operations.reject(cfg, args.tenant, args.task, args.version,
+                                                                args.who, args.why))
 
 
 def cmd_swaps(cfg: TracerlConfig, args: argparse.Namespace) -> int:
@@ -227,17 +257,33 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="start vLLM (LoRA, runtime updates) and the gateway in front of it"
                    ).set_defaults(fn=cmd_serve)
 
-    s = sub.add_parser("deploy", help="hot-swap an adapter version into the live gateway (admin)")
+    # operator actions: move the registry's `champion` (what serves) with who and why, then reconcile
+    who = {"default": os.environ.get("USER", "cli"), "help": "who acts (recorded on the model versions)"}
+    s = sub.add_parser("deploy", help="make adapter VERSION the champion and serve it (refuses a gate-rejected "
+                                      "version without --force)")
     s.add_argument("tenant")
     s.add_argument("task")
-    s.add_argument("version", type=int)
-    s.add_argument("--who", default=os.environ.get("USER", "cli"))
+    s.add_argument("version", type=int, help="adapter version (as `tracerl adapters` lists it)")
+    s.add_argument("--who", **who)
+    s.add_argument("--why", required=True, help="why (recorded on the model versions)")
+    s.add_argument("--force", action="store_true", help="serve a version the gate or a reviewer rejected; "
+                                                        "recorded as a forced override")
     s.set_defaults(fn=cmd_deploy)
-    s = sub.add_parser("rollback", help="swap the previous adapter version back in (admin)")
+    s = sub.add_parser("rollback", help="the champion back to the version it replaced, served at once")
     s.add_argument("tenant")
     s.add_argument("task")
-    s.add_argument("--who", default=os.environ.get("USER", "cli"))
+    s.add_argument("--who", **who)
+    s.add_argument("--why", required=True, help="why (recorded on both model versions)")
     s.set_defaults(fn=cmd_rollback)
+    for name, fn, what in (("approve", cmd_approve, "a held challenger (review mode) becomes champion and serves"),
+                           ("reject", cmd_reject, "a held challenger (review mode) is rejected")):
+        s = sub.add_parser(name, help=what)
+        s.add_argument("tenant")
+        s.add_argument("task")
+        s.add_argument("version", type=int, help="adapter version (as `tracerl adapters` lists it)")
+        s.add_argument("--who", **who)
+        s.add_argument("--why", required=True, help="why (recorded on the model version)")
+        s.set_defaults(fn=fn)
     s = sub.add_parser("swaps", help="every swap: who, when, from, to, outcome")
     s.add_argument("--limit", type=int)
     s.set_defaults(fn=cmd_swaps)

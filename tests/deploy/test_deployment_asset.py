@@ -63,8 +63,8 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
                 "to": f"v{version}", "ok": True, "load_s": 0.5, "drained": True, "drain_s": 1.25, "unloaded": True,
                 "requests": 7, "failed_requests": 0}
 
-    monkeypatch.setattr("assets.deploy.read_gateway_state", lambda cfg: object())
-    monkeypatch.setattr("assets.deploy.deploy", fake_deploy)
+    monkeypatch.setattr("pipelines.deploy.service.read_gateway_state", lambda cfg: object())
+    monkeypatch.setattr("pipelines.deploy.service.swap", fake_deploy)
     resource = TracerlResource(home=str(tmp_path))
     meta = dg.materialize([deployment], resources={"tracerl": resource}).asset_materializations_for_node(
         "deployment")[0].metadata
@@ -80,7 +80,7 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
     def broken(cfg, tenant, task, version, who):
         raise GatewayError("vLLM refused the adapter")
 
-    monkeypatch.setattr("assets.deploy.deploy", broken)
+    monkeypatch.setattr("pipelines.deploy.service.swap", broken)
     result = dg.materialize([deployment], resources={"tracerl": resource}, raise_on_error=False)
     assert not result.success and not result.asset_materializations_for_node("deployment")
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]

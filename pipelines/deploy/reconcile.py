@@ -1,0 +1,158 @@
+"""Reconcile the gateway to the registry: `champion` is what should serve, routes follow it.
+
+Controller style. For each tenant/task, the desired adapter version is the registry's
+`champion` alias and the live one is the gateway's route (`<home>/deploy/routes.json`, which
+the gateway rewrites on every flip). Where they differ, one hot swap through the gateway's
+admin API (`service.swap`); where they agree, nothing. So it is safe to run any time, as often
+as wanted: the `deployment` asset runs it after every gate and hourly, and every operator
+action (pipelines/deploy/operations.py) runs it right after moving the alias. Nothing here
+decides what should serve: that is the alias, moved only by the gate and by operators.
+
+A swap that happened writes on the model versions when each served: ``tracerl.served_from``
+on the new one, ``tracerl.served_until`` and ``tracerl.stopped_reason`` ("replaced by v5
+(promote by gate)") on the one it replaced. The gateway down: every differing route reports
+"waiting for gateway" and nothing changes. A failed swap: that route keeps its old version,
+the report says so, the other routes still reconcile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pipelines.config import TracerlConfig
+
+SERVED_FROM, SERVED_UNTIL, STOPPED = "tracerl.served_from", "tracerl.served_until", "tracerl.stopped_reason"
+
+Step = Literal["in_sync", "no_champion", "wait", "swap"]
+Outcome = Literal["in_sync", "no_champion", "waiting", "swapped", "failed"]
+
+
+def plan(desired: int | None, live: int | None, gateway_running: bool) -> Step:
+    """What to do for one route: the whole decision, pure.
+
+    No champion: leave the route alone (the registry says nothing; never unroute on a guess).
+    Equal: in sync. Different: swap, or wait while the gateway is down."""
+    if desired is None:
+        return "no_champion"
+    if desired == live:
+        return "in_sync"
+    return "swap" if gateway_running else "wait"
+
+
+def _v(version: int | None) -> str:
+    return f"v{version}" if version is not None else "base"
+
+
+@dataclass
+class TargetResult:
+    """One tenant/task after reconcile. Versions are adapter-store versions (what routes name)."""
+
+    tenant: str
+    task: str
+    champion: int | None          # desired: the adapter behind `champion`, None = no champion
+    before: int | None            # live before, None = nothing routed (the base model)
+    after: int | None             # live after
+    outcome: Outcome
+    reason: str = ""              # swapped: why the champion is champion; failed: the error
+    swap: dict[str, Any] | None = None  # the gateway's swap record (drain, requests during it)
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}/{self.task}"
+
+    def line(self) -> str:
+        what = {"in_sync": f"{_v(self.after)} serves, in sync",
+                "no_champion": f"no champion in the registry; {_v(self.after)} keeps serving",
+                "waiting": f"waiting for gateway to serve {_v(self.champion)} ({_v(self.before)} routed)",
+                "swapped": f"now serving {_v(self.after)} (was {_v(self.before)}): {self.reason}",
+                "failed": f"swap to {_v(self.champion)} failed, {_v(self.after)} keeps serving: {self.reason}"}
+        return f"{self.key}: {what[self.outcome]}"
+
+
+@dataclass
+class ReconcileReport:
+    gateway_running: bool
+    targets: list[TargetResult] = field(default_factory=list)
+
+    def of(self, outcome: Outcome) -> list[TargetResult]:
+        return [t for t in self.targets if t.outcome == outcome]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.of("swapped"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gateway_running": self.gateway_running, "targets": [asdict(t) for t in self.targets]}
+
+    def lines(self) -> list[str]:
+        return [t.line() for t in self.targets]
+
+
+def default_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:
+    """Every tenant/task with adapters in the store or a registered model (tags tenant, task)."""
+    from pipelines.tracking import client
+
+    root = cfg.adapter_root
+    pairs = {(t.name, k.name) for t in root.glob("*") if t.is_dir() for k in t.glob("*") if k.is_dir()} \
+        if root.exists() else set()
+    for rm in client(cfg).search_registered_models():
+        if rm.tags.get("tenant") and rm.tags.get("task"):
+            pairs.add((rm.tags["tenant"], rm.tags["task"]))
+    return sorted(pairs)
+
+
+def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
+              who: str = "reconcile") -> ReconcileReport:
+    """Make the gateway serve each target's champion; ``who`` lands in the swap log."""
+    from pipelines.deploy.routing import Router
+    from pipelines.deploy.service import GatewayError, read_gateway_state, swap
+    from pipelines.gate.promote import REASON, alias_version
+    from pipelines.registry import CHAMPION
+
+    routes = cfg.home / "deploy" / "routes.json"
+    report = ReconcileReport(gateway_running=read_gateway_state(cfg) is not None)
+    for tenant, task in (default_targets(cfg) if targets is None else targets):
+        live = Router(routes).live(tenant, task)
+        before = live.version if live else None
+        mv = alias_version(cfg, tenant, task, CHAMPION)
+        desired = int(mv.tags["adapter_version"]) if mv is not None else None
+        step = plan(desired, before, report.gateway_running)
+        result = TargetResult(tenant, task, desired, before, before,
+                              {"swap": "swapped", "wait": "waiting"}.get(step, step))  # type: ignore[arg-type]
+        report.targets.append(result)
+        if step != "swap":
+            continue
+        try:
+            result.swap = swap(cfg, tenant, task, desired, who=who)
+        except (GatewayError, OSError) as e:  # the old version keeps serving; go on with the others
+            result.outcome, result.reason = "failed", str(e)
+            continue
+        now_live = Router(routes).live(tenant, task)  # the gateway wrote the flip
+        result.after = now_live.version if now_live else None
+        if result.after != desired:
+            result.outcome, result.reason = "failed", f"the gateway answered but routes {_v(result.after)}"
+            continue
+        result.reason = mv.tags.get(REASON) or "champion"
+        _record_served(cfg, tenant, task, str(mv.version), before, desired, result.reason,
+                       (result.swap or {}).get("at"))
+    return report
+
+
+def _record_served(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, before: int | None,
+                   after: int, reason: str, at: str | None) -> None:
+    """Tags on the versions a swap touched: when the new one began serving, when and why the old stopped."""
+    from pipelines import registry
+    from pipelines.gate.promote import now, set_tags
+    from pipelines.tracking import client
+
+    at = at or now()
+    c, name = client(cfg), registry.model_name(tenant, task)
+    set_tags(cfg, tenant, task, registry_version, {SERVED_FROM: at})
+    current = c.get_model_version(name, registry_version).tags
+    for stale in (SERVED_UNTIL, STOPPED):  # serving again: the last stint's end is history now
+        if stale in current:
+            c.delete_model_version_tag(name, registry_version, stale)
+    old = registry.version_for_adapter(cfg, tenant, task, before) if before is not None else None
+    if old is not None and str(old.version) != registry_version:
+        set_tags(cfg, tenant, task, old.version, {SERVED_UNTIL: at, STOPPED: f"replaced by v{after} ({reason})"})
