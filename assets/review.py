@@ -2,23 +2,26 @@
 
 With `gate.review = true` the gate marks a passing candidate `challenger` (status
 awaiting_approval) instead of promoting it. `approved_challengers` watches for the approval tag a
-reviewer sets on the version in the MLflow UI and requests `approval_job`, which promotes it.
+reviewer sets on the version in the MLflow UI and requests `approval_job`, which approves it
+the way `tracerl approve` does (pipelines/deploy/operations.py): champion, then reconcile.
 """
 
 import dagster as dg
 
 from assets.resources import TracerlResource
+from pipelines.deploy.operations import approve_tagged
 from pipelines.gate.config import gate_config
-from pipelines.gate.promote import all_pending_approvals, promote_approved
+from pipelines.gate.promote import all_pending_approvals
 
 
-@dg.op(description="Promote held versions a person approved (tag on the version in the MLflow UI).")
+@dg.op(description="Approve held versions a reviewer tagged in the MLflow UI, and serve the new champions.")
 def promote_approved_versions(context: dg.OpExecutionContext, tracerl: TracerlResource) -> None:
     cfg = tracerl.load()
-    tag = gate_config(cfg).approval_tag
-    for tenant, task in sorted({(t, k) for t, k, _ in all_pending_approvals(cfg, tag)}):
-        for done in promote_approved(cfg, tenant, task, tag):  # served by the next `deployment` run
-            context.log.info(f"{tenant}/{task}: version {done['champion']} is champion (was {done['previous']})")
+    for result in approve_tagged(cfg, gate_config(cfg).approval_tag):  # same path as `tracerl approve`
+        for move in result.registry["approved"]:
+            context.log.info(f"{result.tenant}/{result.task}: v{move['adapter_version']} is champion "
+                             f"({move['reason']}; was registry version {move['previous']})")
+        (context.log.info if result.ok else context.log.error)(result.summary())
 
 
 @dg.job(description="Move `champion` to approved challengers.")
