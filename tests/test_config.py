@@ -32,14 +32,14 @@ def test_env_overrides_the_file_and_keyword_overrides_win(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("text, words", [
-    ('[kafka]\nbootstrapservers = "x"\n', "kafka: unknown setting 'bootstrapservers'"),
+    ('[kafka]\nbootstrapservers = "x"\n', "unknown setting 'kafka.bootstrapservers'; known here: bootstrap_servers"),
     ('[serve]\nmax_loras = "four"\n', "serve.max_loras = 'four': expected int"),
     ('[gateway]\nport = 8400.5\n', "gateway.port = 8400.5: expected int | None"),
     ('[gate]\nreview = "yes"\n', "gate.review = 'yes': expected bool"),
-    ('[gateway]\nupstreams = "http://x:8000"\n', "gateway.upstreams = 'http://x:8000': expected list"),
+    ('[gateway]\nupstreams = "http://x:8000"\n', "gateway.upstreams = 'http://x:8000': expected list[str]"),
     ('[serve]\nmax_lora_rank = 7\n', "serve.max_lora_rank=7 is not one vLLM accepts"),  # the section's own check
     ('[gate]\nconfidence = 1\n', "gate.confidence=1.0 must be in [0.5, 1)"),
-    ("kafka = 3\n", "kafka must be a table"),
+    ("kafka = 3\n", "kafka = 3: expected a table"),
 ])
 def test_a_wrong_setting_is_an_error_that_names_it(tmp_path, text, words):
     with pytest.raises(ValueError) as err:

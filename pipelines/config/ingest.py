@@ -1,0 +1,35 @@
+"""``[ingest]``: how one ingest run consumes one bounded batch."""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+from pydantic.dataclasses import dataclass
+
+from pipelines.config.parse import SECTION
+from pipelines.contract.validate import IDENT
+
+
+@dataclass(config=SECTION)
+class IngestConfig:
+    """One ingest run = one bounded batch, so a Dagster run always finishes."""
+
+    max_events: int = 200_000            # per run; the rest waits for the next run
+    max_run_seconds: float = 600.0
+    idle_seconds: float = 2.0            # stop once no message arrived for this long
+    join_timeout_seconds: float = 30.0   # waiting for the group to assign partitions
+    max_poll_records: int = 5000
+    decode_workers: int = 2              # processes decoding JSON beside the poller; 0 = inline.
+                                         # 2 measured best on 2 cores (bench/RESULTS.md)
+    decode_parallel_from: int = 2000     # smaller polled chunks decode inline (a worker costs a spawn)
+    max_event_bytes: int = 1 << 20       # larger messages are quarantined as oversize
+    quarantine_rate_limit: float = 0.05  # asset check fails above this share
+    # Direct Kafka producers: topic -> the one tenant allowed on it; an event on a mapped topic
+    # claiming another tenant is quarantined (`tenant_mismatch`). Empty: trust the event's tenant.
+    topic_tenants: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for topic, tenant in self.topic_tenants.items():
+            if not isinstance(topic, str) or not isinstance(tenant, str) or not IDENT.fullmatch(tenant):
+                raise ValueError(f"ingest.topic_tenants: {topic!r} = {tenant!r}: expected a topic name "
+                                 f"mapped to a tenant id matching {IDENT.pattern}")
