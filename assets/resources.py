@@ -11,13 +11,21 @@ from pipelines.config import TracerlConfig, load_config
 
 
 class TracerlResource(dg.ConfigurableResource):
-    """tracerl settings: a tracerl.toml path and/or a state folder (env vars apply too)."""
+    """tracerl settings: a tracerl.toml path and/or a state folder (env vars apply too).
 
-    config_path: str | None = None
-    home: str | None = None
+    Loaded again by every run (``load``), so an edited tracerl.toml or reward spec is picked up
+    without restarting Dagster.
+    """
+
+    config_path: str | None = None   # None: $TRACERL_CONFIG, else ./tracerl.toml (none is fine)
+    home: str | None = None          # overrides `home`
+    reward_spec: str | None = None   # overrides `reward.spec` (per-target entries still win), e.g. the
+                                     # simulator's spec for an in-process demo run
 
     def load(self) -> TracerlConfig:
-        overrides = {"home": self.home} if self.home else {}
+        overrides: dict = {"home": self.home} if self.home else {}
+        if self.reward_spec:
+            overrides["reward"] = {"spec": self.reward_spec}
         return load_config(self.config_path, **overrides)
 
 

@@ -8,11 +8,12 @@ import dagster as dg
 from assets.resources import TracerlResource
 from pipelines.reward.checks import BOUNDS, DRIFT, UNLABELLED, CheckLimits, evaluate
 from pipelines.reward.engine import run_rewards
-from pipelines.reward.spec import load_spec_book
+from pipelines.reward.spec import load_spec_book, reward_spec_book
 
 
 class RewardRunConfig(dg.Config):
-    spec_path: str | None = None   # reward spec TOML; None: $TRACERL_REWARD_SPEC, ./rewards.toml, built-in
+    spec_path: str | None = None   # this run only: one spec TOML for every tenant; None: the configuration's
+                                   # reward.spec, per target (pipelines.reward.spec.reward_spec_book)
     now: str | None = None         # ISO 8601 "now" for settling (event time; naive = UTC); None: wall clock
     max_unlabelled_share: float = CheckLimits.max_unlabelled_share
     drift_warn: float = CheckLimits.drift_warn
@@ -58,7 +59,8 @@ def settled_means(settled) -> tuple[float | None, dict[str, dict]]:
 def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
                  tracerl: TracerlResource) -> dg.MaterializeResult:
     cfg = tracerl.load()
-    book = load_spec_book(config.spec_path)
+    book = load_spec_book(config.spec_path) if config.spec_path else reward_spec_book(cfg)  # read now: an
+                                                                                           # edited spec needs no restart
     now = None
     if config.now:
         now = datetime.fromisoformat(config.now)

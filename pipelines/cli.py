@@ -179,10 +179,11 @@ def cmd_reward(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from datetime import datetime
 
     from pipelines.reward.engine import run_rewards
-    from pipelines.reward.spec import load_spec_book
+    from pipelines.reward.spec import load_spec_book, reward_spec_book
 
     now = datetime.fromisoformat(args.now) if args.now else None
-    r = run_rewards(cfg.lake, book=load_spec_book(args.spec), now=now)
+    book = load_spec_book(args.spec) if args.spec else reward_spec_book(cfg)  # as the turn_rewards asset
+    r = run_rewards(cfg.lake, book=book, now=now)
     print(f"reward run {r.run_id}: {r.new_signals} new signals, {r.settled} turns settled "
           f"({r.settled_unlabelled} unlabelled), {r.provisional} provisional, corrections {r.corrections}")
     return 0
@@ -308,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_sql)
 
     s = sub.add_parser("reward", help="turn new lake events into per-turn rewards (incremental)")
-    s.add_argument("--spec", help="reward spec TOML (default: $TRACERL_REWARD_SPEC, ./rewards.toml, built-in)")
+    s.add_argument("--spec", help="one reward spec TOML for every tenant, this run only (default: the "
+                                  "configuration's reward.spec, as Dagster's turn_rewards; docs/configuration.md)")
     s.add_argument("--now", help="ISO 8601 event-time 'now' for settling (default: wall clock)")
     s.set_defaults(fn=cmd_reward)
 

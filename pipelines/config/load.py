@@ -27,7 +27,7 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TracerlConf
     deep-merges like one in the file. Every layer is validated: an error names the setting and
     where it came from.
     """
-    path = Path(path or os.environ.get("TRACERL_CONFIG", "tracerl.toml"))
+    path = Path(path or os.environ.get("TRACERL_CONFIG") or "tracerl.toml")
     raw: dict[str, Any] = {}
     cfg = None
     if path.exists():

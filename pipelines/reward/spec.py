@@ -11,6 +11,9 @@ Each default below carries the reason it is set that way. Most of them encode
 a reward hack seen in production (REFERENCE.md, Cursor's real-time RL):
 broken tool calls that cost nothing, and needless clarifying questions that
 dodge risky edits. See docs/rewards.md.
+
+Which spec file scores a tenant/task is configuration (``[reward] spec``, per target
+overridable); ``reward_spec_book(cfg)`` is the one resolver the CLI and Dagster both call.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pipelines.config import TracerlConfig
 
 # Component columns of the rewards dataset, in order. `latency` and `length` are
 # cost terms: they adjust a labelled turn, they never label one by themselves.
@@ -318,12 +324,74 @@ class SpecBook:
 
 
 def load_spec_book(path: str | Path | None = None) -> SpecBook:
-    """Explicit path, else $TRACERL_REWARD_SPEC, else ./rewards.toml, else the built-in defaults."""
-    if path is None:
-        path = os.environ.get("TRACERL_REWARD_SPEC") or ("rewards.toml" if Path("rewards.toml").exists() else None)
+    """The spec file at ``path``; None: $TRACERL_REWARD_SPEC, else ./rewards.toml, else built-in.
+
+    Stages resolve the spec through ``reward_spec_book(cfg)`` (the configuration's ``reward.spec``
+    first); this reads one named file.
+    """
+    return _read(Path(path) if path is not None else fallback_spec_path())
+
+
+def fallback_spec_path() -> Path | None:
+    """The spec when the configuration names none: $TRACERL_REWARD_SPEC, else ./rewards.toml
+    (absolute, so a process started elsewhere can be handed the same file), else None (built-in)."""
+    env = os.environ.get("TRACERL_REWARD_SPEC")
+    if env:
+        return Path(env).resolve()
+    local = Path("rewards.toml")
+    return local.resolve() if local.is_file() else None
+
+
+def spec_path(cfg: TracerlConfig, tenant: str | None = None, task: str | None = None) -> Path | None:
+    """The spec file ``tenant``/``task`` is scored by (None: the built-in spec): its ``reward.spec``
+    (``[targets."<tenant>/<task>"]`` over ``[targets."<tenant>"]`` over ``[reward]``), else the fallbacks."""
+    spec = (cfg.for_target(tenant, task) if tenant is not None else cfg).reward.spec
+    return Path(spec) if spec else fallback_spec_path()
+
+
+def reward_spec_book(cfg: TracerlConfig) -> SpecBook | TargetSpecBooks:
+    """The one reward-spec resolution, shared by `tracerl reward` and the `turn_rewards` asset.
+
+    Reads the file(s) now, on every call, so an edited spec (or a new ``reward.spec``) scores the
+    next run without restarting Dagster; every file named is validated before any turn is scored.
+    """
+    default = spec_path(cfg)
+    named = {default} | {spec_path(cfg, *_target(key)) for key, entry in cfg.targets.items() if "reward" in entry}
+    books = {path: _read(path) for path in named}
+    if len(books) == 1:
+        return books[default]
+    return TargetSpecBooks(cfg, books)
+
+
+class TargetSpecBooks:
+    """Spec books of a config whose targets name different spec files: each tenant/task is
+    resolved in the book of its own ``reward.spec`` (same interface as ``SpecBook.resolve``)."""
+
+    def __init__(self, cfg: TracerlConfig, books: dict[Path | None, SpecBook]):
+        self.cfg, self.books = cfg, books
+        self.source = ", ".join(sorted(b.source for b in books.values()))
+        self._paths: dict[tuple[str, str | None], Path | None] = {}
+
+    def resolve(self, tenant: str, task: str | None) -> RewardSpec:
+        key = (tenant, task)
+        if key not in self._paths:
+            self._paths[key] = spec_path(self.cfg, tenant, task)
+        return self.books[self._paths[key]].resolve(tenant, task)
+
+
+def _target(key: str) -> tuple[str, str | None]:
+    tenant, _, task = key.partition("/")
+    return tenant, task or None
+
+
+def _read(path: Path | None) -> SpecBook:
     if path is None:
         return SpecBook()
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"reward spec {p} does not exist (set TRACERL_REWARD_SPEC or pass spec_path)")
-    return SpecBook(tomllib.loads(p.read_text()), source=str(p))
+    if not path.exists():
+        raise FileNotFoundError(f"reward spec {path} does not exist (set reward.spec in tracerl.toml, "
+                                f"$TRACERL_REWARD_SPEC, or pass --spec / spec_path)")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"reward spec {path}: not valid TOML: {e}") from None
+    return SpecBook(doc, source=str(path))

@@ -4,7 +4,8 @@
 ticks the schedules and sensors, so the loop turns by itself. It is started in its own
 process group and stopped by signalling that group, which is what `set -m` gives a
 shell (without it, SIGTERM does not reach the children). `DAGSTER_HOME` is the repo's
-`dagster_home/` unless the environment names another.
+`dagster_home/` unless the environment names another. Dagster reads tracerl's settings, the
+reward spec included, from the same configuration as the CLI that started it.
 """
 
 from __future__ import annotations
@@ -33,9 +34,15 @@ def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 
     home = dagster_home()
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(home), "TRACERL_HOME": str(cfg.home.resolve())}
-    if "TRACERL_REWARD_SPEC" not in env and not (REPO / "rewards.toml").exists():
-        # the simulated tenant's spec (settles at session end); other tenants get the defaults
-        env["TRACERL_REWARD_SPEC"] = str(REPO / "pipelines" / "sim" / "rewards.toml")
+    # The reward spec comes from the same configuration ($TRACERL_CONFIG, which Dagster reads at
+    # every run). Only the fallbacks for a config naming no spec depend on this process (its env
+    # and working directory, while Dagster runs in the repo): hand them over as an absolute path.
+    from pipelines.reward.spec import fallback_spec_path
+
+    fallback = fallback_spec_path()
+    env.pop("TRACERL_REWARD_SPEC", None)
+    if fallback is not None:
+        env["TRACERL_REWARD_SPEC"] = str(fallback)
     dagster = Path(sys.executable).parent / "dagster"
     state = process.spawn(
         NAME, [str(dagster), "dev", "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],
