@@ -1,0 +1,239 @@
+"""Tenants as one operation: a key, a first champion, an eval suite (``tracerl tenant ...``).
+
+A tenant/task needs three things before the loop can improve it, and this module makes them:
+
+- an API key: ``<home>/gateway/keys/<tenant>.key`` (0600, shown once), which the running gateway
+  picks up on its next request (``pipelines.deploy.keys``); deleting it (``revoke_tenant``)
+  revokes it, also without a restart. A key in ``gateway.api_keys`` is used as it is.
+- a serving champion: version 1, a fresh LoRA that serves the base model unchanged
+  (``pipelines.loop.bootstrap.ensure_serving``), when the gateway runs; else later, with
+  ``serve_tenant`` (``tracerl tenant serve``).
+- an eval suite: ``<suites_dir>/<tenant>/<task>/`` copied from the template
+  (``pipelines.gate.suites.template_dir``). Its items are placeholders, and the gate refuses to
+  promote on them until they are replaced, so no candidate ships on an eval nobody wrote.
+
+What exists is read from where each thing lives (key files and config, suite folders, the adapter
+store, the gateway's routes, the registry's ``champion``), never from a separate tenant list.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipelines.config import TracerlConfig
+
+
+class TenantError(ValueError):
+    """A tenant operation refused; the message says why and what to do."""
+
+
+def check_name(value: str, what: str) -> str:
+    """``value`` as a tenant or task id: the adapter store's check, and the trace contract's
+    (64 characters at most: events name it)."""
+    from pipelines.contract.validate import IDENT
+    from pipelines.train.adapters import check_id
+
+    check_id(value, what)
+    if not IDENT.fullmatch(value):
+        raise TenantError(f"{what}={value!r} is longer than the 64 characters a trace event may name; use a shorter id")
+    return value
+
+
+def _suites_dir(cfg: TracerlConfig) -> Path:
+    from pipelines.gate.config import gate_config
+
+    return Path(gate_config(cfg).suites_dir)
+
+
+def _routes(cfg: TracerlConfig) -> dict[tuple[str, str], int]:
+    from pipelines.deploy.routing import Router
+
+    return {(r.tenant, r.task): r.version for r in Router(cfg.home / "deploy" / "routes.json").routes()}
+
+
+def _subdirs(folder: Path) -> list[str]:
+    from pipelines.contract.validate import IDENT
+
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and IDENT.fullmatch(p.name)) \
+        if folder.is_dir() else []
+
+
+def tasks_of(cfg: TracerlConfig, tenant: str) -> list[str]:
+    """Every task tenant has anywhere: an eval suite folder, adapters, or a route."""
+    found = set(_subdirs(_suites_dir(cfg) / tenant)) | set(_subdirs(cfg.adapter_root / tenant))
+    found |= {k for (t, k) in _routes(cfg) if t == tenant}
+    return sorted(found)
+
+
+def _key_source(cfg: TracerlConfig, tenant: str) -> str | None:
+    """"config", "file" or None: where tenant's key comes from."""
+    from pipelines.deploy.keys import key_path
+    from pipelines.deploy.service import gateway_config
+
+    if tenant in gateway_config(cfg).api_keys:
+        return "config"
+    return "file" if key_path(cfg.home, tenant).is_file() else None
+
+
+def _copy_template(template: Path, dest: Path) -> list[Path]:
+    """The template's suite files (*.toml, *.jsonl) into ``dest``, which appears whole or not at all."""
+    files = sorted(p for p in template.iterdir() if p.suffix in (".toml", ".jsonl"))
+    if not any(p.suffix == ".toml" for p in files):
+        raise TenantError(f"the eval template {template}/ holds no suite (*.toml); restore evals/_template/")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        for p in files:
+            shutil.copy2(p, tmp / p.name)
+        os.rename(tmp, dest)  # fails if dest appeared meanwhile: never merge into someone's suite
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [dest / p.name for p in files]
+
+
+@dataclass
+class Added:
+    """What ``add_tenant`` did: the new key (None when the tenant had one), where things are."""
+
+    tenant: str
+    tasks: list[str]
+    key_file: Path | None              # None: the key is configured (gateway.api_keys)
+    key: str | None = None             # the new key, to show once; None if it existed
+    suites: dict[str, Path] = field(default_factory=dict)   # task -> scaffolded folder
+    served: dict[str, int] = field(default_factory=dict)    # task -> champion version now serving
+    serve_note: str | None = None      # why nothing was served, and how to do it later
+
+
+def add_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str], serve: bool = True) -> Added:
+    """A key (if the tenant has none), an eval suite per task, and a serving champion per task
+    when the gateway runs. Refuses a task the tenant already has, before changing anything."""
+    from pipelines.deploy.keys import key_path, write_key_file
+    from pipelines.deploy.service import read_gateway_state
+    from pipelines.gate.suites import template_dir
+
+    check_name(tenant, "tenant")
+    if not tasks:
+        raise TenantError("name at least one task: tracerl tenant add NAME --task TASK")
+    tasks = list(dict.fromkeys(check_name(t, "task") for t in tasks))
+    have = set(tasks_of(cfg, tenant))
+    clash = [t for t in tasks if t in have]
+    source = _key_source(cfg, tenant)
+    if clash:
+        raise TenantError(f"tenant {tenant!r} already has task(s) {clash} (an eval suite under "
+                          f"{_suites_dir(cfg) / tenant}/, adapters or a route); nothing was changed. "
+                          f"`tracerl tenant list` shows what it has")
+    template = template_dir(_suites_dir(cfg))
+    if not template.is_dir():
+        raise TenantError(f"no eval template at {template}/; restore evals/_template/ from tracerl")
+
+    out = Added(tenant, tasks, None if source == "config" else key_path(cfg.home, tenant))
+    if source is None:
+        key, created = write_key_file(out.key_file)
+        out.key = key if created else None
+    for task in tasks:
+        _copy_template(template, _suites_dir(cfg) / tenant / task)
+        out.suites[task] = _suites_dir(cfg) / tenant / task
+    if not serve:
+        out.serve_note = f"not served (--no-serve); serve it with `tracerl tenant serve {tenant}`"
+    elif read_gateway_state(cfg) is None:
+        out.serve_note = (f"the gateway is not running; once the stack is up (`tracerl up`), serve the "
+                          f"first champion (the base model) with `tracerl tenant serve {tenant}`")
+    else:
+        out.served = serve_tenant(cfg, tenant, tasks)
+    return out
+
+
+def serve_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str] | None = None) -> dict[str, int]:
+    """Make the running gateway serve each task's champion (version 1, the base model, when there
+    is none yet); {task: version}."""
+    from pipelines.deploy.service import read_gateway_state
+    from pipelines.loop.bootstrap import ensure_serving
+
+    check_name(tenant, "tenant")
+    tasks = [check_name(t, "task") for t in tasks] if tasks else tasks_of(cfg, tenant)
+    if not tasks:
+        raise TenantError(f"tenant {tenant!r} has no task; add one with `tracerl tenant add {tenant} --task TASK`")
+    if read_gateway_state(cfg) is None:
+        raise TenantError("the gateway is not running: start the stack with `tracerl up` (or `tracerl serve`)")
+    return {task: ensure_serving(cfg, tenant, task) for task in tasks}
+
+
+def revoke_tenant(cfg: TracerlConfig, tenant: str) -> Path:
+    """Delete tenant's key file: the running gateway refuses the key from its next request on.
+    Its suites, adapters and routes stay (add a key again with ``tracerl tenant add``)."""
+    from pipelines.deploy.keys import delete_key_file, key_path
+
+    check_name(tenant, "tenant")
+    if _key_source(cfg, tenant) == "config":
+        raise TenantError(f"tenant {tenant!r}'s key is configured (gateway.api_keys in tracerl.toml); "
+                          "remove it there and restart the gateway")
+    path = key_path(cfg.home, tenant)
+    if not delete_key_file(path):
+        raise TenantError(f"tenant {tenant!r} has no key file ({path}); nothing to revoke")
+    return path
+
+
+@dataclass
+class TaskStatus:
+    task: str
+    champion: int | None      # adapter version behind the registry's champion alias
+    serving: int | None       # adapter version the gateway's route serves
+    items: int | None         # eval items over the task's suites; None: no suite
+    placeholders: int = 0     # of which still the template's
+    suite_error: str | None = None
+
+
+@dataclass
+class TenantStatus:
+    tenant: str
+    key: str | None           # "file", "config", or None (no key: cannot call the gateway)
+    key_problem: str | None   # a key file the gateway skips, and why
+    tasks: list[TaskStatus]
+
+
+def _champions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int | None]:
+    """The registry's champion per tenant/task; skipped (all None) when the embedded MLflow store
+    does not exist yet: nothing was ever registered, and opening it would create it."""
+    if not pairs or (cfg.mlflow.tracking_uri is None and not (cfg.home / "mlflow.db").is_file()):
+        return {p: None for p in pairs}
+    from pipelines import registry
+
+    return {(t, k): registry.adapter_for_alias(cfg, t, k, registry.CHAMPION) for t, k in pairs}
+
+
+def list_tenants(cfg: TracerlConfig) -> list[TenantStatus]:
+    """Every tenant: with a key (file or config), an eval suite folder, adapters or a route."""
+    from pipelines.contract.validate import IDENT
+    from pipelines.deploy.keys import key_folder, read_key_files
+    from pipelines.deploy.service import gateway_config
+    from pipelines.gate.suites import load_suites
+
+    files, skipped = read_key_files(key_folder(cfg.home))
+    configured = gateway_config(cfg).api_keys
+    routes = _routes(cfg)
+    names = set(files) | set(configured) | {s for n in skipped if IDENT.fullmatch(s := Path(n).stem)}
+    names |= set(_subdirs(_suites_dir(cfg)))
+    names |= set(_subdirs(cfg.adapter_root)) | {t for t, _ in routes}
+    tasks = {t: tasks_of(cfg, t) for t in sorted(names)}
+    champions = _champions(cfg, [(t, k) for t, ks in tasks.items() for k in ks])
+    out = []
+    for tenant, ks in tasks.items():
+        statuses = []
+        for k in ks:
+            items, held, error = None, 0, None
+            try:
+                suites = load_suites(_suites_dir(cfg), tenant, k)
+                if suites:
+                    items = sum(len(s.items) for s in suites)
+                    held = sum(i.placeholder for s in suites for i in s.items)
+            except ValueError as err:
+                error = str(err)
+            statuses.append(TaskStatus(k, champions.get((tenant, k)), routes.get((tenant, k)), items, held, error))
+        key = "config" if tenant in configured else ("file" if tenant in files else None)
+        out.append(TenantStatus(tenant, key, skipped.get(f"{tenant}.key"), statuses))
+    return out
