@@ -80,6 +80,7 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     from pipelines.train.adapters import AdapterStore
 
     t0 = time.monotonic()
+    cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] gate settings
     gate = gate or gate_config(cfg)
     c, name = client(cfg), model_name(tenant, task)
     cand = c.get_model_version(name, str(registry_version))

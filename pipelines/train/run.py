@@ -120,6 +120,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     from pipelines.gate.config import gate_config
     from pipelines.gate.contamination import eval_hashes, exclude_eval_turns
 
+    cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] learner/train/gate settings
     lc = cfg.learner
     hashes = eval_hashes(gate_config(cfg).suites_dir, tenant, task)
     turns = new_training_turns(cfg, tenant, task, limit=lc.max_turns)
