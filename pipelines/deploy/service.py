@@ -215,13 +215,6 @@ def swap(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str) -> 
                  {"tenant": tenant, "task": task, "version": int(version), "who": who})
 
 
-deploy = swap  # the old name, still called by the loop drivers; new code calls reconcile
-
-
-def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str) -> dict[str, Any]:
-    return _call(f"{_gateway_url(cfg)}/admin/rollback", admin_key(cfg), {"tenant": tenant, "task": task, "who": who})
-
-
 def swap_history(cfg: TracerlConfig, limit: int | None = None) -> list[dict[str, Any]]:
     """Every swap (who, when, from, to, ok) from ``<home>/deploy/swaps.jsonl``; no gateway needed."""
     from pipelines.deploy.deployer import read_swaps
