@@ -107,6 +107,7 @@ class Added:
     suites: dict[str, Path] = field(default_factory=dict)   # task -> scaffolded folder
     served: dict[str, int] = field(default_factory=dict)    # task -> champion version now serving
     serve_note: str | None = None      # why nothing was served, and how to do it later
+    serve_failed: bool = False         # serving was tried and failed (the key and suites exist)
 
 
 def add_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str], serve: bool = True) -> Added:
@@ -144,7 +145,12 @@ def add_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str], serve: bool = 
         out.serve_note = (f"the gateway is not running; once the stack is up (`tracerl up`), serve the "
                           f"first champion (the base model) with `tracerl tenant serve {tenant}`")
     else:
-        out.served = serve_tenant(cfg, tenant, tasks)
+        try:
+            out.served = serve_tenant(cfg, tenant, tasks)
+        except Exception as err:  # noqa: BLE001 - the key must still be shown: it exists now
+            out.serve_failed = True
+            out.serve_note = (f"serving the first champion failed ({type(err).__name__}: {err}); the key and "
+                              f"suites exist: retry with `tracerl tenant serve {tenant}`")
     return out
 
 
@@ -209,12 +215,16 @@ def _champions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[s
 def list_tenants(cfg: TracerlConfig) -> list[TenantStatus]:
     """Every tenant: with a key (file or config), an eval suite folder, adapters or a route."""
     from pipelines.contract.validate import IDENT
-    from pipelines.deploy.keys import key_folder, read_key_files
+    from pipelines.deploy.keys import KeyRing, key_folder
     from pipelines.deploy.service import gateway_config
     from pipelines.gate.suites import load_suites
 
-    files, skipped = read_key_files(key_folder(cfg.home))
     configured = gateway_config(cfg).api_keys
+    admin = cfg.home / "gateway" / "admin.key"  # reserved, as the gateway has it (never created here)
+    reserved = tuple(k for k in (gateway_config(cfg).admin_key, os.environ.get("TRACERL_GATEWAY_ADMIN_KEY"),
+                                 admin.read_text().strip() if admin.is_file() else None) if k)
+    ring = KeyRing(configured, key_folder(cfg.home), reserved=reserved)  # what the gateway accepts
+    files, skipped = {t: "" for t in ring.tenants() if t not in configured}, ring.skipped
     routes = _routes(cfg)
     names = set(files) | set(configured) | {s for n in skipped if IDENT.fullmatch(s := Path(n).stem)}
     names |= set(_subdirs(_suites_dir(cfg)))
