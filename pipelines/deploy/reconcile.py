@@ -126,7 +126,11 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         try:
             result.swap = swap(cfg, tenant, task, desired, who=who)
         except (GatewayError, OSError) as e:  # the old version keeps serving; go on with the others
-            result.outcome, result.reason = "failed", str(e)
+            raced = Router(routes).live(tenant, task)
+            if raced is not None and raced.version == desired:  # another reconcile swapped it meanwhile
+                result.after, result.outcome = desired, "in_sync"
+            else:
+                result.outcome, result.reason = "failed", str(e)
             continue
         now_live = Router(routes).live(tenant, task)  # the gateway wrote the flip
         result.after = now_live.version if now_live else None

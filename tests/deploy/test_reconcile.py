@@ -233,6 +233,21 @@ def test_reconcile_twice_is_a_no_op(env):
 
 
 @pytest.mark.slow
+def test_two_reconciles_at_once_swap_once_and_neither_reports_a_failure(env):
+    """An operator's command and the hourly run racing on the same route."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s, (tenant, task) = env, tenant_task()
+    rv, av = publish(s, tenant, task, seed=2)
+    registry.set_alias(s.cfg, tenant, task, registry.CHAMPION, rv)
+    swaps = swap_count(s)
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda who: reconcile(s.cfg, [(tenant, task)], who=who), ["cli", "dagster"]))
+    assert sorted(r.targets[0].outcome for r in reports) == ["in_sync", "swapped"]
+    assert s.live(tenant, task) == av and swap_count(s) - swaps <= 2   # the loser's refused attempt is logged
+
+
+@pytest.mark.slow
 def test_deploy_refuses_a_gate_rejected_version_unless_forced_and_records_the_override(env, capsys):
     s, (tenant, task) = env, tenant_task()
     rv1, av1 = first_champion(s, tenant, task)
