@@ -1,21 +1,23 @@
 """The Dagster code location: every tracerl asset, check, job, schedule, sensor and resource.
 
 Lineage: raw_events (the Kafka topic, observed) -> lake_events -> turn_rewards ->
-candidate_adapter -> promotion (the gate, with its checks) -> deployment.
+candidate_adapter -> promotion (the gate, with its checks) -> deployment; the last three are
+partitioned by target (tenant/task). `closed_loop_job` (assets/loop.py) runs the whole chain for
+one target: it is the loop, whoever starts it.
 
 `DAGSTER_HOME=dagster_home dagster dev` (or `make dagster`) shows it.
 """
 
 import dagster as dg
 
-from assets import deploy, gate, ingest, review, reward, train
+from assets import deploy, gate, ingest, loop, review, reward, train
 from assets.resources import TracerlResource
 
 defs = dg.Definitions(
     assets=[*ingest.ingest_assets, *reward.reward_assets, *train.train_assets, *gate.gate_assets,
             *deploy.deploy_assets],
-    jobs=[ingest.ingest_job, *reward.reward_jobs, *train.train_jobs, *review.review_jobs],
-    schedules=[ingest.ingest_schedule, *reward.reward_schedules, *train.train_schedules],
-    sensors=[*train.train_sensors, *review.review_sensors],
+    jobs=[ingest.ingest_job, *reward.reward_jobs, *loop.loop_jobs, *review.review_jobs],
+    schedules=[ingest.ingest_schedule, *reward.reward_schedules, *loop.loop_schedules],
+    sensors=[*loop.loop_sensors, *review.review_sensors],
     resources={"tracerl": TracerlResource()},
 )

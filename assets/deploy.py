@@ -1,7 +1,7 @@
 """Deployment asset: the live gateway serves each tenant/task's registry champion.
 
-Downstream of `promotion`, whose blocking `no_contamination` check stands between a candidate and
-this asset. It runs `reconcile` (pipelines/deploy/reconcile.py): every route whose live version
+Partitioned by target (tenant/task) like the rest of the loop; downstream of `promotion`, whose
+blocking `no_contamination` check stands between a candidate and this asset. It runs `reconcile` (pipelines/deploy/reconcile.py): every route whose live version
 differs from the `champion` alias is hot-swapped (load new, flip, drain, unload); routes in sync
 are left alone, so a run after an operator's rollback changes nothing. The hourly
 `closed_loop_hourly` schedule also runs it alone, to serve champions moved by approvals and
@@ -12,12 +12,9 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.resources import TargetsConfig, TracerlResource
+from assets.resources import TracerlResource
+from assets.targets import parse_target, targets
 from pipelines.deploy.reconcile import ReconcileReport, reconcile
-
-
-class DeployRunConfig(TargetsConfig):
-    """targets: "tenant/task" to sync; empty: every tenant/task in the adapter store or registry."""
 
 
 def report_metadata(report: ReconcileReport) -> dict:
@@ -45,16 +42,15 @@ def report_metadata(report: ReconcileReport) -> dict:
     }
 
 
-@dg.asset(key="deployment", deps=["promotion"], group_name="deploy", kinds={"vllm"},
-          description="The adapter version live in the gateway per tenant/task: the registry champion, "
-                      "hot-swapped with zero failed requests.",
+@dg.asset(key="deployment", deps=["promotion"], partitions_def=targets, group_name="deploy", kinds={"vllm"},
+          description="The adapter version live in the gateway for the tenant/task: the registry champion, "
+                      "hot-swapped with zero failed requests when the gate (or an operator) moved it.",
           # Materialized by every loop run that gated a candidate, and at least hourly by the
           # closed_loop_hourly schedule: two missed hours warn, four fail.
           freshness_policy=dg.FreshnessPolicy.time_window(fail_window=timedelta(hours=4),
                                                           warn_window=timedelta(hours=2)))
-def deployment(context: dg.AssetExecutionContext, config: DeployRunConfig,
-               tracerl: TracerlResource) -> dg.MaterializeResult:
-    report = reconcile(tracerl.load(), config.pairs() or None, who="dagster")
+def deployment(context: dg.AssetExecutionContext, tracerl: TracerlResource) -> dg.MaterializeResult:
+    report = reconcile(tracerl.load(), [parse_target(context.partition_key)], who="dagster")
     for t in report.targets:
         (context.log.error if t.outcome == "failed" else context.log.info)(t.line())
     metadata = report_metadata(report)

@@ -1,153 +1,132 @@
-"""The promotion gate as an asset, `promotion`, downstream of `candidate_adapter`.
+"""The promotion gate as an asset, `promotion`: the decision on this run's candidate for its target.
 
-Each run gates the candidates its own `candidate_adapter` registered (private eval suites,
-candidate vs champion on identical items, a paired test per suite), records the decision in
-MLflow and moves the registry aliases. Its checks:
+The candidate is the one this run's `candidate_adapter` registered for the same partition. The
+gate runs the target's private eval suites (candidate vs champion on identical items in vLLM, a
+paired test per suite), records the decision on the MLflow model version and moves the registry
+aliases; it never swaps what serves: `deployment` reconciles the gateway to the `champion` alias.
 
-- `no_contamination` (blocking, ERROR): an eval item in a candidate's training data, or a gate
-  that could not run, fails the run and `deployment` does not run;
-- `candidate_promoted` (WARN): a candidate the gate rejected. A normal rejection does not fail
-  the run: `deployment` runs and finds the champion unchanged.
+A rejection is an outcome, not a failure: `promotion` materializes with `outcome = reject` and its
+reasons, the run is tagged `tracerl/outcome=reject`, and `deployment` runs and finds the champion
+unchanged. Only `no_contamination` (blocking) stops the loop: a candidate trained on a private
+eval item, or a gate that could not run, fails the run before `deployment`.
 
-No candidate in the run (or none in the run's `targets`): `promotion` does not materialize, its
-checks pass with `candidates = 0`, and `deployment` is skipped in that run. The hourly
-`closed_loop_hourly` schedule runs `deployment` on its own when there is nothing to train.
+No candidate in this run (the learner skipped): nothing materializes and the check passes with
+`candidates = 0`; `deployment` is skipped in that run.
 """
 
 import dagster as dg
 
-from assets.resources import TargetsConfig, TracerlResource
+from assets.links import model_version_url, run_url
+from assets.resources import TracerlResource
+from assets.targets import OUTCOME_TAG, parse_target, tag_run, targets
 from pipelines.config import TracerlConfig
 from pipelines.gate.run import gate_candidates
 
 NO_CONTAMINATION = "no_contamination"
-CANDIDATE_PROMOTED = "candidate_promoted"
-PASSED = ("promote", "hold")
+BLOCKING = ("contaminated", "error")  # every other outcome (promote, hold, reject) lets deployment run
 
 
-class PromotionRunConfig(TargetsConfig):
-    """targets: "tenant/task" to gate; empty: every candidate of this run."""
+def run_candidate(context: dg.AssetExecutionContext) -> dict | None:
+    """The metadata of this run's `candidate_adapter` materialization for this partition, or None."""
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("candidate_adapter"), asset_partitions=[context.partition_key]),
+        limit=1).records
+    if not records or records[0].run_id != context.run.run_id:
+        return None
+    return {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
 
 
-def eval_summary(decision: dict) -> dict[str, dict]:
-    """Per-suite figures of one decision (role, candidate, champion, delta, low, passed), where the
-    gate's summary carries them: not for contamination, errors, or a tenant/task without suites."""
-    return {name: dict(figures) for name, figures in (decision.get("suites") or {}).items()}
-
-
-def champions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[str, dict | None]:
-    """The champion (registry and adapter version) of each tenant/task, now."""
+def champion_now(cfg: TracerlConfig, tenant: str, task: str) -> dict | None:
+    """The champion's registry and adapter versions, now (after the gate moved the aliases)."""
     from pipelines.gate.promote import alias_version
     from pipelines.registry import CHAMPION
 
-    out = {}
-    for tenant, task in pairs:
-        mv = alias_version(cfg, tenant, task, CHAMPION)
-        out[f"{tenant}/{task}"] = None if mv is None else {
-            "registry_version": str(mv.version), "adapter_version": int(mv.tags["adapter_version"])}
+    mv = alias_version(cfg, tenant, task, CHAMPION)
+    return None if mv is None else {"registry_version": str(mv.version), "adapter_version": int(mv.tags["adapter_version"])}
+
+
+def gate_one(cfg: TracerlConfig, tenant: str, task: str, registry_version: str) -> dict:
+    """The gate's summary for one candidate; an exception becomes outcome "error" (blocking)."""
+    try:
+        (d,) = gate_candidates(cfg, [{"tenant": tenant, "task": task, "registry_version": registry_version}])
+    except Exception as e:  # noqa: BLE001 - reported by the blocking check, with the error
+        d = {"tenant": tenant, "task": task, "registry_version": registry_version, "outcome": "error",
+             "passed": False, "reasons": [f"gate error: {type(e).__name__}: {e}"]}
+    return d
+
+
+def eval_metadata(decision: dict) -> dict[str, dg.MetadataValue]:
+    """One number per suite and side (plotted across the partition's runs), and the primary suite's
+    candidate/champion scores as `eval_candidate`/`eval_champion`."""
+    out: dict[str, dg.MetadataValue] = {}
+    suites = decision.get("suites") or {}
+    for suite, f in suites.items():
+        for side in ("candidate", "champion", "delta"):
+            if isinstance(f.get(side), (int, float)):
+                out[f"eval.{suite}.{side}"] = dg.MetadataValue.float(float(f[side]))
+    primary = next((f for f in suites.values() if f.get("role") == "primary"), None)
+    if primary is not None:
+        for side in ("candidate", "champion"):
+            if isinstance(primary.get(side), (int, float)):
+                out[f"eval_{side}"] = dg.MetadataValue.float(float(primary[side]))
     return out
-
-
-def run_candidates(context: dg.AssetExecutionContext) -> list[dict] | None:
-    """The `candidates` metadata of this run's `candidate_adapter`, or None (not produced here)."""
-    event = context.instance.get_latest_materialization_event(dg.AssetKey("candidate_adapter"))
-    if event is None or event.run_id != context.run.run_id:
-        return None
-    meta = event.asset_materialization.metadata
-    return meta["candidates"].value if "candidates" in meta else []
-
-
-def _line(d: dict) -> str:
-    return f"{d['tenant']}/{d['task']} v{d['registry_version']}: {d['outcome']}: {'; '.join(d['reasons'])}"
-
-
-def _nothing_gated(note: str):
-    """No materialization (so `deployment` is skipped in this run); the checks still report."""
-    for name in (NO_CONTAMINATION, CANDIDATE_PROMOTED):
-        yield dg.AssetCheckResult(asset_key="promotion", check_name=name, passed=True,
-                                  metadata={"candidates": 0, "note": note})
 
 
 @dg.asset(
     key="promotion",
     deps=["candidate_adapter"],
+    partitions_def=targets,
     group_name="gate",
-    kinds={"mlflow"},
+    kinds={"mlflow", "vllm"},
     output_required=False,
-    description="The gate's decision on each candidate of the run: private eval suites, candidate vs "
-                "champion on identical items in vLLM, a paired test per suite; promote (move `champion`) "
-                "only on a significant primary gain with no guardrail regression, or hold it as "
-                "`challenger` in review mode. Recorded on the MLflow model version.",
+    description="The gate's decision on this run's candidate: private eval suites, candidate vs champion on "
+                "identical items in vLLM, a paired test per suite; promote (move `champion`) only on a "
+                "significant primary gain with no guardrail regression, hold it as `challenger` in review "
+                "mode, else reject (an outcome, not a failure). Recorded on the MLflow model version.",
     check_specs=[
         dg.AssetCheckSpec(NO_CONTAMINATION, asset="promotion", blocking=True,
-                          description="No candidate trained on a private eval item, and the gate ran for "
-                                      "every candidate; blocks deployment."),
-        dg.AssetCheckSpec(CANDIDATE_PROMOTED, asset="promotion",
-                          description="Every candidate passed the gate (promoted, or held for review); a "
-                                      "rejection warns with its reasons and the champion stays."),
+                          description="The candidate trained on no private eval item and the gate ran; "
+                                      "blocks deployment. A rejection passes this check."),
     ],
 )
-def promotion(context: dg.AssetExecutionContext, config: PromotionRunConfig, tracerl: TracerlResource):
+def promotion(context: dg.AssetExecutionContext, tracerl: TracerlResource):
     cfg = tracerl.load()
-    candidates = run_candidates(context)
-    if candidates is None:
-        context.log.info("no candidate_adapter materialization in this run: nothing to gate")
-        yield from _nothing_gated("no candidate in this run")
+    tenant, task = parse_target(context.partition_key)
+    candidate = run_candidate(context)
+    if candidate is None:
+        context.log.info(f"{tenant}/{task}: no candidate_adapter materialization in this run: nothing to gate")
+        yield dg.AssetCheckResult(asset_key="promotion", check_name=NO_CONTAMINATION, passed=True,
+                                  metadata={"candidates": 0, "note": "no candidate in this run"})
         return
-    wanted = set(config.pairs())
-    if wanted:
-        skipped = [c for c in candidates if (c["tenant"], c["task"]) not in wanted]
-        for c in skipped:
-            context.log.info(f"{c['tenant']}/{c['task']} v{c.get('registry_version')}: not in targets, not gated")
-        candidates = [c for c in candidates if (c["tenant"], c["task"]) in wanted]
-    if not candidates:
-        yield from _nothing_gated(f"no candidate of this run is in targets {config.targets}")
-        return
-
-    decisions = []
-    for c in candidates:  # one at a time, so a gate error on one still gates the others
-        try:
-            (d,) = gate_candidates(cfg, [c])
-        except Exception as e:  # noqa: BLE001 - reported by the blocking check, with the error
-            d = {"tenant": c["tenant"], "task": c["task"], "registry_version": str(c.get("registry_version")),
-                 "outcome": "error", "passed": False, "reasons": [f"gate error: {type(e).__name__}: {e}"]}
-        (context.log.info if d["passed"] else context.log.error)(_line(d))
-        decisions.append(d)
-
-    outcomes = [d["outcome"] for d in decisions]
-    pairs = sorted({(d["tenant"], d["task"]) for d in decisions})
-    evals = {f"{d['tenant']}/{d['task']} v{d['registry_version']}": eval_summary(d) for d in decisions}
-    eval_deltas = {name: {suite: f.get("delta") for suite, f in suites.items()}
-                   for name, suites in evals.items() if suites}
-    blocked = [d for d in decisions if d["outcome"] in ("contaminated", "error")]
-    not_promoted = [d for d in decisions if d["outcome"] not in PASSED]
+    rv = str(candidate["registry_version"])
+    d = gate_one(cfg, tenant, task, rv)
+    outcome, reasons = d["outcome"], list(d.get("reasons") or [])
+    line = f"{tenant}/{task} v{candidate['adapter_version']} (registry {rv}): {outcome}: {'; '.join(reasons)}"
+    (context.log.error if outcome in BLOCKING else context.log.info)(line)
+    tag_run(context, {OUTCOME_TAG: outcome})
+    champion = champion_now(cfg, tenant, task)
     metadata = {
-        "candidates": len(decisions),
-        "promoted": outcomes.count("promote"),
-        "held_for_review": outcomes.count("hold"),
-        "rejected": sum(o in ("reject", "contaminated") for o in outcomes),
-        "contaminated": outcomes.count("contaminated"),
-        "gate_errors": outcomes.count("error"),
-        "decisions": dg.MetadataValue.json(decisions),
-        "eval_deltas": dg.MetadataValue.json(eval_deltas),
-        "champions": dg.MetadataValue.json(champions(cfg, pairs)),
+        "outcome": outcome,
+        "reasons": dg.MetadataValue.json(reasons),
+        "candidate_adapter_version": int(candidate["adapter_version"]),
+        "candidate_registry_version": rv,
+        "model_version": model_version_url(cfg, tenant, task, rv),
+        "promoted": float(outcome == "promote"),
+        "champion_adapter_version": champion["adapter_version"] if champion else dg.MetadataValue.null(),
+        "champion_registry_version": champion["registry_version"] if champion else "",
+        "suites": dg.MetadataValue.json(d.get("suites") or {}),
+        "signatures": dg.MetadataValue.json(d.get("signatures") or {}),
+        "warnings": dg.MetadataValue.json(d.get("warnings") or []),
+        "baseline": str(d.get("baseline") or ""),
+        "eval_items": d.get("items") or 0,
+        "gate_seconds": round(float(d.get("seconds") or 0.0), 2),
+        **eval_metadata(d),
     }
-    for d in decisions:  # one number per tenant/task and suite, so the UI plots it across runs
-        for suite, f in eval_summary(d).items():
-            if isinstance(f.get("delta"), (int, float)):
-                metadata[f"eval_delta.{d['tenant']}/{d['task']}.{suite}"] = float(f["delta"])
-    yield dg.MaterializeResult(metadata=metadata, check_results=[
-        dg.AssetCheckResult(
-            check_name=NO_CONTAMINATION, passed=not blocked, severity=dg.AssetCheckSeverity.ERROR,
-            metadata={"contaminated": outcomes.count("contaminated"), "gate_errors": outcomes.count("error"),
-                      "blocked": dg.MetadataValue.json([_line(d) for d in blocked])}),
-        dg.AssetCheckResult(
-            check_name=CANDIDATE_PROMOTED, passed=not not_promoted, severity=dg.AssetCheckSeverity.WARN,
-            metadata={"rejected": len(not_promoted),
-                      "reasons": dg.MetadataValue.json({f"{d['tenant']}/{d['task']} v{d['registry_version']}":
-                                                        d["reasons"] for d in not_promoted}),
-                      "promoted": outcomes.count("promote"), "held_for_review": outcomes.count("hold")}),
-    ])
+    if d.get("mlflow_run_id"):
+        metadata["gate_run"] = run_url(cfg, d["mlflow_run_id"])
+    yield dg.MaterializeResult(metadata=metadata, check_results=[dg.AssetCheckResult(
+        check_name=NO_CONTAMINATION, passed=outcome not in BLOCKING, severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"outcome": outcome, "reasons": dg.MetadataValue.json(reasons)})])
 
 
 gate_assets = [promotion]

@@ -163,11 +163,15 @@ def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig,
 
 
 # Each run observes the topic (offsets, lag before this batch), then lands the batch.
-ingest_job = dg.define_asset_job("ingest_job", selection=[raw_events, lake_events])
+ingest_job = dg.define_asset_job(
+    "ingest_job", selection=[raw_events, lake_events],
+    description="Observe the Kafka topic (offsets, consumer lag), then land one bounded batch in the lake "
+                "exactly once. The closed loop runs the same two assets at the start of every iteration.")
 
 ingest_schedule = dg.ScheduleDefinition(
     name="ingest_every_5_minutes", job=ingest_job, cron_schedule="*/5 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every 5 minutes: land what arrived on Kafka, so the lake trails the topic by minutes.",
 )
 
 ingest_assets = [raw_events, lake_events]

@@ -28,17 +28,3 @@ class TracerlResource(dg.ConfigurableResource):
             overrides["reward"] = {"spec": self.reward_spec}
         return load_config(self.config_path, **overrides)
 
-
-class TargetsConfig(dg.Config):
-    """Run config shared by the closed-loop assets, so many adapters train side by side."""
-
-    targets: list[str] = []  # "tenant/task"; empty: every tenant/task
-
-    def pairs(self) -> list[tuple[str, str]]:
-        out = []
-        for t in self.targets:
-            tenant, sep, task = t.partition("/")
-            if not (sep and tenant and task):
-                raise ValueError(f"target {t!r} is not of the form tenant/task")
-            out.append((tenant, task))
-        return out

@@ -29,7 +29,9 @@ def approval_job():
     promote_approved_versions()
 
 
-@dg.sensor(job=approval_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(job=approval_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Every minute: a held challenger a reviewer approved (its approval tag in the MLflow UI) "
+                       "requests approval_job, which promotes it and reconciles the gateway.")
 def approved_challengers(context: dg.SensorEvaluationContext, tracerl: TracerlResource):
     """Request a promotion run when someone approved a held version in the MLflow UI."""
     cfg = tracerl.load()

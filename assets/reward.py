@@ -100,13 +100,16 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
     )
 
 
-reward_job = dg.define_asset_job("reward_job", selection=[turn_rewards])
+reward_job = dg.define_asset_job(
+    "reward_job", selection=[turn_rewards],
+    description="Settle per-turn rewards from the lake's new events (incremental, by the reward spec).")
 
 # Two minutes after each ingest run (ingest runs on */5): settling needs time to pass, so rewards
 # run on a clock even when no new event arrived.
 reward_schedule = dg.ScheduleDefinition(
     name="rewards_every_5_minutes", job=reward_job, cron_schedule="2-59/5 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Two minutes after each ingest run: settle the turns whose feedback window closed.",
 )
 
 reward_assets = [turn_rewards]

@@ -3,9 +3,9 @@
 For each hidden-preference family of simulated users (pipelines/sim/families.py: a length
 format, a follow-up question, a concrete fact, valid tool calls through the OpenAI `tools`
 API, a greeting style), its own task starts from the base model (champion v1) and runs
-ITERATIONS turns of the loop exactly as the product runs them (pipelines/loop/run.py):
-simulated users -> gateway -> vLLM; Kafka -> lake -> rewards -> learner -> gate (private
-evals in vLLM) -> hot swap. Shipped defaults (TracerlConfig()), only ports and the home
+ITERATIONS turns of the loop exactly as the product runs them: simulated users -> gateway ->
+vLLM, then one in-process run of the closed-loop Dagster job (assets/loop.py, the one driver):
+Kafka -> lake -> rewards -> learner -> gate (private evals in vLLM) -> hot swap in `deployment`. Shipped defaults (TracerlConfig()), only ports and the home
 differ. Users vote explicitly on 20% of turns and leave implicit signals on the rest.
 
 Before the first and after every iteration: the served rate on held-out prompts (topics the
@@ -24,14 +24,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.config import TracerlConfig  # noqa: E402
-from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
+from bench.loop import bench_home  # noqa: E402
 
 ITERATIONS = int(os.environ.get("TRACERL_LEARN_ITERATIONS", "5"))
 FAMILIES = [f for f in os.environ.get("TRACERL_LEARN_FAMILIES", "").split(",") if f]
@@ -40,24 +38,25 @@ SAMPLES = 4  # per held-out prompt
 
 
 def main() -> None:
+    from assets.demo import demo_iteration, demo_resource
+    from assets.driver import dagster_instance
+    from assets.resources import TracerlResource
     from pipelines import registry
+    from pipelines.config import load_config
     from pipelines.deploy.service import tenant_key
     from pipelines.deploy.vllm_server import read_state
     from pipelines.loop.bootstrap import ensure_serving
+    from pipelines.loop.demo import LoopConfig
     from pipelines.loop.heldout import adapter_rate
-    from pipelines.loop.run import LoopConfig, run_iteration
     from pipelines.services import stack
     from pipelines.sim.families import families
     from pipelines.sim.traffic import TrafficConfig
     from pipelines.train.adapters import AdapterStore
 
-    cache = Path(".tracerl").resolve()
-    ensure_smollm2(cache)
-    home = Path(tempfile.mkdtemp(prefix="tracerl-learn-"))
-    (home / "models").symlink_to(cache / "models")
-    cfg = TracerlConfig(home=home)
-    cfg.kafka.embedded_port = 19492
-    cfg.gateway.port = None
+    home, toml = bench_home("tracerl-learn-", 19492)
+    cfg, instance = load_config(toml), dagster_instance()
+    # checked against cfg now, before anything exports MLFLOW_TRACKING_URI into this process
+    resource = demo_resource(TracerlResource(config_path=str(toml)), cfg, LoopConfig())
     names = FAMILIES or list(families())
     rows: dict[str, list] = {}
     tenant_key(cfg, "acme")  # the simulated app's API key, before the gateway reads the key files
@@ -82,7 +81,7 @@ def main() -> None:
             rows[name] = [(0, base, "", 0.0)]
             for i in range(1, ITERATIONS + 1):
                 t0 = time.monotonic()
-                rep = run_iteration(cfg, lc, i, log=lambda s: print(f"[{name}] {s}", flush=True))
+                rep = demo_iteration(cfg, resource, lc, i, instance, log=lambda s: print(f"[{name}] {s}", flush=True))
                 champ = registry.adapter_for_alias(cfg, lc.tenant, fam.task, registry.CHAMPION)
                 r = rate(champ, f"it{i}")
                 wall = time.monotonic() - t0

@@ -1,9 +1,11 @@
 """The closed loop on SmolLM2-135M-Instruct, 3 iterations, timed per stage.
 
 Everything real and local: embedded Kafka, vLLM on CPU with LoRA, the gateway, the
-simulated users, exactly-once ingest, rewards, the learner, the gate (private evals in
-vLLM) and the hot swap. A fresh tracerl home in a temp folder (the converted model is
-shared with ./.tracerl/models), its own ports; everything it starts is stopped at the end.
+simulated users, and each iteration one in-process run of the closed-loop Dagster job
+(exactly-once ingest, rewards, the learner, the gate with private evals in vLLM, the hot swap
+in `deployment`), exactly what `make demo` runs. A fresh tracerl home in a temp folder (the
+converted model is shared with ./.tracerl/models) with its own tracerl.toml, ports and Dagster
+instance; everything it starts is stopped at the end.
 
     .venv/bin/python bench/loop.py
 Last line: freshness_s=<mean seconds from the first trace of an iteration to an adapter
@@ -12,6 +14,7 @@ trained on it serving traffic>. Target: each iteration under 300 s on 2 cores.
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import sys
@@ -20,22 +23,39 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.config import TracerlConfig  # noqa: E402
-from pipelines.loop.demo import run_loop  # noqa: E402
-from pipelines.loop.run import STAGES, LoopConfig  # noqa: E402
+from pipelines.loop.demo import LoopConfig  # noqa: E402
+from pipelines.loop.report import STAGES  # noqa: E402
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
 
 
-def main() -> None:
+def bench_home(prefix: str, kafka_port: int) -> tuple[Path, Path]:
+    """A fresh tracerl home with its own tracerl.toml (its ports), and a Dagster instance inside it.
+
+    The settings live in the file, not in memory: the loop's Dagster runs and the gateway process
+    load them from there (TRACERL_CONFIG), as they would in production."""
     cache = Path(".tracerl").resolve()
     ensure_smollm2(cache)
-    home = Path(tempfile.mkdtemp(prefix="tracerl-loop-"))
+    home = Path(tempfile.mkdtemp(prefix=prefix))
     (home / "models").symlink_to(cache / "models")
-    cfg = TracerlConfig(home=home)
-    cfg.kafka.embedded_port = 19392
-    cfg.gateway.port = None
+    toml = home / "tracerl.toml"
+    toml.write_text(f'home = "{home}"\n[kafka]\nembedded_port = {kafka_port}\n[gateway]\nport = 0\n')
+    os.environ["TRACERL_CONFIG"] = str(toml)
+    dagster_home = home / "dagster_home"
+    dagster_home.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "dagster_home" / "dagster.yaml", dagster_home)
+    os.environ["DAGSTER_HOME"] = str(dagster_home)
+    return home, toml
+
+
+def main() -> None:
+    from assets.demo import run_demo
+    from assets.resources import TracerlResource
+    from pipelines.config import load_config
+
+    home, toml = bench_home("tracerl-loop-", 19392)
     try:
-        out = run_loop(cfg, LoopConfig(iterations=3), fresh=False, stop_after=True)
+        out = run_demo(load_config(toml), LoopConfig(iterations=3), resource=TracerlResource(config_path=str(toml)),
+                       fresh=False, stop_after=True)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     reports = out["reports"]

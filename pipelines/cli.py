@@ -223,15 +223,26 @@ def cmd_schema(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.loop.demo import main
+    from assets.demo import main  # drives the Dagster job, so it lives beside the assets
 
     return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
 
 
-def cmd_demo_ingest(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from assets.demo import run_demo  # drives Dagster, so it lives beside the assets
+def cmd_loop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    """One iteration of the closed-loop job for one target, in this process; 0 if the run completed
+    (whatever the gate decided), 1 if it failed, 2 if refused (the target has an iteration going)."""
+    from assets.driver import LoopBusy, check_resource, describe, run_iteration
+    from assets.resources import TracerlResource
 
-    return run_demo(cfg, traces=args.traces)
+    resource = TracerlResource(config_path=os.environ.get("TRACERL_CONFIG"), home=str(cfg.home))
+    check_resource(resource, cfg)
+    try:
+        run = run_iteration(resource, args.tenant, args.task, tags={"tracerl/driver": "cli"})
+    except LoopBusy as e:
+        print(f"tracerl loop: refused: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(describe(run, cfg)))
+    return 0 if run.success else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,9 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fresh", action="store_true", help="clear the loop's state first (lake, adapters, MLflow)")
     s.add_argument("--keep", action="store_true", help="leave Kafka, vLLM and the gateway running")
     s.set_defaults(fn=cmd_demo)
-    s = sub.add_parser("demo-ingest", help="broker + sample traffic + the Dagster ingest asset, then a summary")
-    s.add_argument("--traces", type=int, default=500)
-    s.set_defaults(fn=cmd_demo_ingest)
+    s = sub.add_parser("loop", help="one iteration of the closed-loop Dagster job for one tenant/task, "
+                                    "in this process (DAGSTER_HOME); prints the candidate, the gate's decision "
+                                    "and what serves")
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--task", required=True)
+    s.set_defaults(fn=cmd_loop)
     return p
 
 

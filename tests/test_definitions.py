@@ -1,5 +1,6 @@
 """The code location as a whole: lineage from the Kafka topic to the gateway, the checks on the
-way, freshness policies consistent with the schedules, and what starts runs."""
+way, freshness policies consistent with the schedules, targets as partitions, one loop job, and
+what starts runs."""
 
 from datetime import timedelta
 
@@ -45,7 +46,7 @@ def test_checks(graph):
         key("lake_events", "quarantine_rate"), key("lake_events", "no_internal_errors"),
         key("turn_rewards", "unlabelled_share"), key("turn_rewards", "reward_bounds"),
         key("turn_rewards", "component_drift"),
-        key("promotion", "no_contamination"), key("promotion", "candidate_promoted")}
+        key("promotion", "no_contamination")}  # a gate rejection is an outcome, not a check
     blocking = {k for k in graph.asset_check_keys if graph.get_check_spec(k).blocking}
     assert blocking == {key("turn_rewards", "reward_bounds"), key("promotion", "no_contamination")}
 
@@ -82,17 +83,30 @@ def test_schedules_sensors_and_jobs(repo):
     assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
 
     layer = defs.resolve_job_def("closed_loop_job").asset_layer
-    assert layer.executable_asset_keys == {dg.AssetKey(k) for k in ("candidate_adapter", "promotion", "deployment")}
-    assert set(defs.resolve_job_def("closed_loop_job").asset_layer.asset_graph.asset_check_keys) >= {
-        dg.AssetCheckKey(dg.AssetKey("promotion"), "no_contamination"),
-        dg.AssetCheckKey(dg.AssetKey("promotion"), "candidate_promoted")}
+    assert layer.executable_asset_keys == {dg.AssetKey(k) for k in CHAIN}  # the whole loop, one run
+    assert set(layer.asset_graph.asset_check_keys) >= {dg.AssetCheckKey(dg.AssetKey("promotion"), "no_contamination"),
+                                                       dg.AssetCheckKey(dg.AssetKey("turn_rewards"), "reward_bounds")}
     assert defs.resolve_job_def("ingest_job").asset_layer.executable_asset_keys == {
         dg.AssetKey("raw_events"), dg.AssetKey("lake_events")}
     assert repo.has_job("reward_job") and repo.has_job("approval_job")
 
 
-def test_loop_assets_take_the_same_targets_config():
-    job = defs.resolve_job_def("closed_loop_job")
-    config = {"ops": {name: {"config": {"targets": ["acme/support"]}}
-                      for name in ("candidate_adapter", "promotion", "deployment")}}
-    assert dg.validate_run_config(job, config)
+def test_targets_are_partitions_of_the_per_target_assets(graph):
+    from assets.targets import targets
+
+    for k in ("candidate_adapter", "promotion", "deployment"):  # each target: its own history and plots
+        assert graph.get(dg.AssetKey(k)).partitions_def == targets, k
+    for k in ("raw_events", "lake_events", "turn_rewards"):  # one topic, one lake: shared by every target
+        assert graph.get(dg.AssetKey(k)).partitions_def is None, k
+    assert defs.resolve_job_def("closed_loop_job").partitions_def == targets
+
+
+def test_everything_says_what_it_is(repo, graph):
+    """Descriptions on every job, schedule, sensor and asset; every asset in a group with its kinds."""
+    described = {**{f"job {j.name}": j.description for j in repo.get_all_jobs() if not j.name.startswith("__")},
+                 **{f"schedule {s.name}": s.description for s in repo.schedule_defs},
+                 **{f"sensor {s.name}": s.description for s in repo.sensor_defs},
+                 **{f"asset {k.to_user_string()}": graph.get(k).description for k in graph.get_all_asset_keys()}}
+    assert not [name for name, text in described.items() if not text], described
+    for k in graph.get_all_asset_keys():
+        assert graph.get(k).group_name != "default" and graph.get(k).kinds, k

@@ -46,12 +46,13 @@ def ensure_champion(cfg: TracerlConfig, tenant: str, task: str) -> int:
 
 
 def ensure_serving(cfg: TracerlConfig, tenant: str, task: str) -> int:
-    """Make the running gateway serve the champion of tenant/task; returns its adapter version."""
-    from pipelines.deploy.routing import Router
-    from pipelines.deploy.service import deploy
+    """Make the running gateway serve the champion of tenant/task; returns its adapter version.
+
+    The swap goes through `reconcile`, like every other: the alias says what serves, the route follows."""
+    from pipelines.deploy.reconcile import reconcile
 
     version = ensure_champion(cfg, tenant, task)
-    live = Router(cfg.home / "deploy" / "routes.json").live(tenant, task)
-    if live is None or live.version != version:
-        deploy(cfg, tenant, task, version, who="bootstrap")
+    (result,) = reconcile(cfg, [(tenant, task)], who="bootstrap").targets
+    if result.outcome not in ("in_sync", "swapped"):
+        raise RuntimeError(f"cannot serve the first champion: {result.line()}")
     return version

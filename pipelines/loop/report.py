@@ -1,15 +1,41 @@
-"""The closed loop's report: a table per iteration, PNG plots, and an MLflow run holding both."""
+"""The closed loop's report: a table per iteration, PNG plots, and an MLflow run holding both.
+
+Pure records and rendering; the figures come from each iteration's Dagster run (assets/demo.py)."""
 
 from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipelines.config import TracerlConfig
-from pipelines.loop.run import STAGES, IterationReport
+
+STAGES = ("traffic", "ingest", "rewards", "train", "gate", "swap")
+
+
+@dataclass
+class IterationReport:
+    """One iteration as the demo reports it: its traffic (before the Dagster run) and the run."""
+
+    iteration: int
+    champion_before: int
+    live_reward: float                # traffic of this iteration, served by champion_before
+    requests: int
+    failed_requests: int
+    stage_s: dict[str, float] = field(default_factory=dict)
+    candidate: int | None = None      # adapter version trained this iteration
+    outcome: str = "no_candidate"     # promote | reject | hold | contaminated | error | no_candidate | failed
+    reasons: list[str] = field(default_factory=list)
+    eval_candidate: float | None = None
+    eval_champion: float | None = None
+    champion_after: int | None = None
+    swap_requests: int = 0            # requests the swap-probe users sent during `deployment`
+    swap_failed: int = 0
+    freshness_s: float | None = None  # first trace of this traffic -> the `deployment` step that swapped ended
+    train_metrics: dict[str, Any] = field(default_factory=dict)
+    run_id: str = ""                  # the Dagster run of this iteration
 
 
 def champion_eval(r: IterationReport) -> float | None:
@@ -34,7 +60,8 @@ def format_report(reports: list[IterationReport], final_reward: float | None, fi
         lines.append(f"   *  v{final_version:<8}  {final_reward:>11.3f}  (traffic after the last iteration)")
     lines += ["", "gate decisions:"]
     for r in reports:
-        lines.append(f"  iteration {r.iteration}: {r.outcome}: {'; '.join(r.reasons)[:400]}")
+        run = f" (Dagster run {r.run_id[:8]})" if r.run_id else ""
+        lines.append(f"  iteration {r.iteration}{run}: {r.outcome}: {'; '.join(r.reasons)[:400]}")
     lines += ["", "seconds per stage:"]
     for r in reports:
         lines.append(f"  iteration {r.iteration}: " + ", ".join(f"{s} {r.stage_s.get(s, 0):.0f}" for s in STAGES)

@@ -6,6 +6,7 @@ import pytest
 from assets.definitions import defs
 from assets.deploy import deployment
 from assets.resources import TracerlResource
+from assets.targets import TARGETS, materialize_target
 from pipelines import registry
 
 
@@ -35,15 +36,14 @@ def _champion(tmp_path, tenant="acme", task="support", version=1):
 def test_champion_waits_for_the_gateway(tmp_path):
     _champion(tmp_path)
     resource = TracerlResource(home=str(tmp_path))
-    result = dg.materialize([deployment], resources={"tracerl": resource})
+    result = materialize_target([deployment], "acme", "support", resources={"tracerl": resource})
     meta = result.asset_materializations_for_node("deployment")[0].metadata
     assert meta["swapped"].value == 0
     assert meta["waiting_for_gateway"].value == ["acme/support v1"]
     assert meta["versions_before"].value == meta["versions_after"].value == {"acme/support": "base"}
     assert meta["champions"].value == {"acme/support": "v1"}
 
-    result = dg.materialize([deployment], resources={"tracerl": resource}, run_config={
-        "ops": {"deployment": {"config": {"targets": ["acme/other"]}}}})  # not this route
+    result = materialize_target([deployment], "acme", "other", resources={"tracerl": resource})  # not this route
     meta = result.asset_materializations_for_node("deployment")[0].metadata
     assert meta["waiting_for_gateway"].value == [] and meta["champions"].value == {"acme/other": None}
 
@@ -66,8 +66,8 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
     monkeypatch.setattr("pipelines.deploy.service.read_gateway_state", lambda cfg: object())
     monkeypatch.setattr("pipelines.deploy.service.swap", fake_deploy)
     resource = TracerlResource(home=str(tmp_path))
-    meta = dg.materialize([deployment], resources={"tracerl": resource}).asset_materializations_for_node(
-        "deployment")[0].metadata
+    meta = materialize_target([deployment], "acme", "support", resources={"tracerl": resource}
+                              ).asset_materializations_for_node("deployment")[0].metadata
     assert meta["swapped"].value == 1 and meta["failed_swaps"].value == 0
     assert meta["versions_before"].value == {"acme/support": "v1"}
     assert meta["versions_after"].value == {"acme/support": "v2"}
@@ -81,7 +81,8 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
         raise GatewayError("vLLM refused the adapter")
 
     monkeypatch.setattr("pipelines.deploy.service.swap", broken)
-    result = dg.materialize([deployment], resources={"tracerl": resource}, raise_on_error=False)
+    result = materialize_target([deployment], "acme", "support", resources={"tracerl": resource},
+                                raise_on_error=False)
     assert not result.success and not result.asset_materializations_for_node("deployment")
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "vLLM refused the adapter" in failure.step_failure_data.error.message
@@ -90,7 +91,10 @@ def test_swap_results_land_in_the_metadata_and_a_failed_swap_fails_the_run(tmp_p
 
 @pytest.mark.parametrize("bad", ["acme", "acme/", "/support"])
 def test_targets_must_name_tenant_and_task(tmp_path, bad):
-    result = dg.materialize([deployment], resources={"tracerl": TracerlResource(home=str(tmp_path))},
-                            run_config={"ops": {"deployment": {"config": {"targets": [bad]}}}},
-                            raise_on_error=False)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(TARGETS, [bad])  # e.g. added by hand in the UI
+        result = dg.materialize([deployment], partition_key=bad, instance=instance, raise_on_error=False,
+                                resources={"tracerl": TracerlResource(home=str(tmp_path))})
     assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "tenant/task" in failure.step_failure_data.error.to_string()

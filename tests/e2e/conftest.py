@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,24 @@ def browser(e2e_dir):
     b = Chromium(e2e_dir)
     yield b
     b.close()
+
+
+@contextmanager
+def dagster_webserver(cfg, dagster_home: Path):
+    """The Dagster UI alone (no daemon, so no sensor starts runs of its own) on `dagster_home`,
+    over `assets.definitions`, with cfg's tracerl home; yields its URL."""
+    import sys
+
+    from pipelines.services import process
+
+    port = process.free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRACERL_HOME": str(cfg.home.resolve())}
+    state = process.spawn("dagster-webserver", [str(Path(sys.executable).parent / "dagster-webserver"),
+                                                "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],
+                          run_dir=cfg.run_dir, log=cfg.log_dir / "dagster-webserver.log", port=port,
+                          url=f"http://127.0.0.1:{port}", env=env, cwd=REPO)
+    try:
+        process.wait_http(state, "/server_info", 180, cfg.run_dir)
+        yield state.url
+    finally:
+        process.stop(cfg.run_dir, "dagster-webserver", timeout=30.0)
