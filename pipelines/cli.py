@@ -138,6 +138,57 @@ def cmd_swaps(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tenant_add(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.tenants import add_tenant
+
+    r = add_tenant(cfg, args.name, args.task, serve=not args.no_serve)
+    if r.key is not None:
+        print(f"API key for {r.tenant} (shown once; stored 0600 in {r.key_file}):\n  {r.key}")
+    else:
+        print(f"{r.tenant}: key unchanged ({r.key_file or 'gateway.api_keys'})")
+    for task, folder in r.suites.items():
+        print(f"{r.tenant}/{task}: eval suite scaffolded in {folder}/ from the template; the gate will refuse "
+              f"to promote on the template's placeholder items until they are replaced (see its README.md)")
+    for task, version in r.served.items():
+        print(f"{r.tenant}/{task}: champion v{version} (the base model) serving through the gateway")
+    if r.serve_note:
+        print(f"{r.tenant}: {r.serve_note}", file=sys.stderr if r.serve_failed else sys.stdout)
+    return 1 if r.serve_failed else 0
+
+
+def cmd_tenant_list(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.tenants import list_tenants
+
+    rows = [("TENANT", "TASK", "CHAMPION", "SERVING", "KEY", "EVAL SUITE")]
+    for t in list_tenants(cfg):
+        key = t.key or ("skipped: " + t.key_problem if t.key_problem else "none")
+        for k in t.tasks or [None]:
+            suite = "-" if k is None else (f"invalid: {k.suite_error}" if k.suite_error else "none" if k.items is None
+                                           else f"{k.items} items" + (f" ({k.placeholders} placeholders)"
+                                                                      if k.placeholders else ""))
+            rows.append((t.tenant, k.task if k else "-", f"v{k.champion}" if k and k.champion else "-",
+                         f"v{k.serving}" if k and k.serving else "-", key, suite))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
+    return 0
+
+
+def cmd_tenant_serve(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.tenants import serve_tenant
+
+    for task, version in serve_tenant(cfg, args.name, args.task).items():
+        print(f"{args.name}/{task}: champion v{version} serving through the gateway")
+    return 0
+
+
+def cmd_tenant_revoke(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.tenants import revoke_tenant
+
+    print(f"{args.name}: key revoked ({revoke_tenant(cfg, args.name)} deleted); the gateway refuses it now")
+    return 0
+
+
 def cmd_produce_sample(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.ingest.producer import TraceProducer
     from pipelines.ingest.sample import bad_messages, generate
@@ -299,6 +350,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("swaps", help="every swap: who, when, from, to, outcome")
     s.add_argument("--limit", type=int)
     s.set_defaults(fn=cmd_swaps)
+
+    s = sub.add_parser("tenant", help="add, list, serve or revoke tenants (API key, champion, eval suite)")
+    tsub = s.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    t = tsub.add_parser("add", help="a new tenant (or new tasks of one): API key, first champion, eval suite")
+    t.add_argument("name", help="tenant id ([A-Za-z0-9][A-Za-z0-9._-], 64 at most)")
+    t.add_argument("--task", action="append", required=True, help="a task id (repeat for several)")
+    t.add_argument("--no-serve", action="store_true", help="do not serve a first champion now")
+    t.set_defaults(fn=cmd_tenant_add)
+    tsub.add_parser("list", help="tenants, tasks, champion and serving versions, keys, eval suites"
+                    ).set_defaults(fn=cmd_tenant_list)
+    t = tsub.add_parser("serve", help="serve each task's champion (the base model at first) through the gateway")
+    t.add_argument("name")
+    t.add_argument("--task", action="append", help="only these tasks (default: all of the tenant's)")
+    t.set_defaults(fn=cmd_tenant_serve)
+    t = tsub.add_parser("revoke", help="delete the tenant's key file: the running gateway refuses the key at once")
+    t.add_argument("name")
+    t.set_defaults(fn=cmd_tenant_revoke)
 
     s = sub.add_parser("produce-sample", help="produce realistic sample traces from simulated apps")
     s.add_argument("--traces", type=int, default=200, help="number of traces (default 200)")
