@@ -195,8 +195,9 @@ def run_iteration(resource: TracerlResource, tenant: str, task: str, *, instance
 
 
 def resource_config(resource: TracerlResource) -> dict[str, Any]:
-    """The resource's fields as run config, so the run records where its settings came from."""
-    return {k: v for k, v in {"config_path": resource.config_path, "home": resource.home}.items() if v is not None}
+    """Every set field of the resource as run config (the run's resources come from it, and the run
+    records where its settings came from: the UI shows it, a re-execution reuses it)."""
+    return {k: getattr(resource, k) for k in type(resource).model_fields if getattr(resource, k) is not None}
 
 
 

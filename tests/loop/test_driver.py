@@ -41,7 +41,7 @@ idle_seconds = 1.0
 
 
 def test_loop_command_runs_the_job_and_prints_the_outcome(loop_home, capsys):
-    cfg, _ = loop_home
+    cfg, toml = loop_home
     assert cli.main(["loop", "--tenant", "acme", "--task", "concise"]) == 0
     out = capsys.readouterr().out
     assert "acme/concise: Dagster run " in out and "succeeded (outcome: no_candidate)" in out
@@ -50,6 +50,7 @@ def test_loop_command_runs_the_job_and_prints_the_outcome(loop_home, capsys):
 
     instance = dg.DagsterInstance.get()  # the persistent instance under DAGSTER_HOME: the UI's runs
     (run,) = instance.get_runs()
+    assert run.run_config["resources"]["tracerl"]["config"] == {"config_path": str(toml), "home": str(cfg.home)}
     assert run.job_name == "closed_loop_job" and run.status == dg.DagsterRunStatus.SUCCESS
     assert run.tags["dagster/partition"] == "acme/concise" and run.tags["tracerl/driver"] == "cli"
     assert run.tags["tracerl/outcome"] == "no_candidate"
@@ -85,6 +86,18 @@ def test_a_second_iteration_for_the_same_target_is_refused(loop_home, capsys):
     with pytest.raises(LoopBusy, match=f"Dagster run {busy.run_id} .* is still going"):
         run_iteration(resource, "acme", "concise", instance=instance)
     assert [r.run_id for r in instance.get_runs()] == [busy.run_id]  # nothing was started
+
+
+def test_the_run_loads_every_setting_of_the_drivers_resource(loop_home):
+    """The demo's reward spec is a resource field: it must reach the run's assets, not only this process."""
+    from pipelines.loop.demo import SIM_REWARD_SPEC
+
+    cfg, toml = loop_home
+    resource = TracerlResource(config_path=str(toml), reward_spec=str(SIM_REWARD_SPEC))
+    run = run_iteration(resource, "acme", "concise", instance=dg.DagsterInstance.get())
+    assert run.success
+    config = dg.DagsterInstance.get().get_run_by_id(run.run_id).run_config["resources"]["tracerl"]["config"]
+    assert TracerlResource(**config).load().reward.spec == str(SIM_REWARD_SPEC)
 
 
 def test_step_watcher_holds_its_context_exactly_while_the_step_runs():
