@@ -46,8 +46,9 @@ def active_run(instance: dg.DagsterInstance, key: str) -> dg.DagsterRun | None:
 
 
 def readiness(cfg: TracerlConfig) -> dict[str, tuple[int, int]]:
-    """(new settled turns, learner.min_new_turns) of every tenant/task that has settled turns."""
-    return {target_key(tenant, task): (count_new_turns(cfg, tenant, task), cfg.learner.min_new_turns)
+    """(new settled turns, the target's learner.min_new_turns) of every tenant/task with settled turns."""
+    return {target_key(tenant, task): (count_new_turns(cfg, tenant, task),
+                                       cfg.for_target(tenant, task).learner.min_new_turns)
             for tenant, task in training_targets(cfg)}
 
 

@@ -62,6 +62,17 @@ def test_sensor_registers_targets_and_requests_the_ready_one(tmp_path, two_targe
 
 
 
+def test_the_threshold_is_each_targets_own(tmp_path, two_targets):
+    """[targets."acme/billing".learner] min_new_turns = 2: its 3 new turns are enough for it alone."""
+    toml = tmp_path / "tracerl.toml"
+    toml.write_text('[targets."acme/billing".learner]\nmin_new_turns = 2\n')
+    resource = TracerlResource(config_path=str(toml), home=str(tmp_path))
+    with dg.instance_for_test() as instance:
+        out = _tick(instance, resource)
+    assert {r.partition_key: r.tags[NEW_TURNS_TAG] for r in out.run_requests} == {
+        "acme/billing": "3/2", "acme/support": f"500/{resource.load().learner.min_new_turns}"}
+
+
 def test_hourly_backstop_runs_the_loop_or_only_deployment_per_target(tmp_path, two_targets, monkeypatch):
     resource = TracerlResource(home=str(tmp_path))
 
