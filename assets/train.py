@@ -13,7 +13,29 @@ from assets.targets import CANDIDATE_TAG, OUTCOME_TAG, REASON_TAG, parse_target,
 from pipelines.train.run import run_learner
 
 NO_CANDIDATE = "no_candidate"
-_NUMERIC = ("loss", "kl", "reward_mean", "clip_frac", "tokens_per_s")  # plotted per partition in the UI
+# the learner's last-step metrics, plotted per partition in the UI (reward_mean: that step's batch)
+_NUMERIC = ("loss", "kl", "reward_mean", "clip_frac", "tokens_per_s")
+
+
+def new_turns_reward(cfg, tenant: str, task: str, version: int) -> float | None:
+    """Mean settled reward of the new turns adapter `version` trained on (its data window): the
+    iteration's live reward as the reward spec scores it, one point per run in the UI's plot."""
+    import pyarrow as pa
+
+    from pipelines.lake.query import connect
+    from pipelines.train.adapters import AdapterStore
+
+    ids = AdapterStore(cfg.adapter_root).get(tenant, task, version).meta.get("data_window", {}).get("turn_ids") or []
+    if not ids:
+        return None
+    con = connect(cfg.lake)
+    con.register("_new_turns", pa.table({"turn_id": ids}))
+    (mean,) = con.execute("""
+        SELECT avg(total) FROM (
+            SELECT total FROM rewards WHERE settled AND labelled AND tenant = ?
+              AND turn_id IN (SELECT turn_id FROM _new_turns)
+            QUALIFY row_number() OVER (PARTITION BY turn_id ORDER BY reward_seq DESC) = 1)""", [tenant]).fetchone()
+    return None if mean is None else float(mean)
 
 
 @dg.asset(
@@ -54,6 +76,9 @@ def candidate_adapter(context: dg.AssetExecutionContext, tracerl: TracerlResourc
         "branch_depth": r.branch_depth,
         "reset_reason": r.reset_reason or "",
     }
+    reward = new_turns_reward(cfg, tenant, task, r.adapter_version)
+    if reward is not None:
+        metadata["new_turns_reward"] = dg.MetadataValue.float(reward)
     for k in _NUMERIC:
         if isinstance(r.metrics.get(k), (int, float)):
             metadata[k] = dg.MetadataValue.float(float(r.metrics[k]))
