@@ -22,10 +22,11 @@ import dagster as dg
 
 from assets.driver import LoopRun, dagster_instance, run_iteration
 from assets.resources import TracerlResource
+from pipelines import stack
+from pipelines.adapters.version import parse_version
 from pipelines.config import TracerlConfig
 from pipelines.loop.demo import Bar, LoopConfig, fresh_start
 from pipelines.loop.report import IterationReport
-from pipelines.services import stack
 
 # The job's steps as the report's stages (the observation of the topic is part of ingest).
 STEP_STAGE = {"raw_events": "ingest", "lake_events": "ingest", "turn_rewards": "rewards",
@@ -73,7 +74,7 @@ def demo_iteration(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig
     """Traffic for the target, then one run of the loop job for it; the iteration's report row.
 
     `resource` is what the run loads its settings from (`demo_resource`: the simulated users' reward spec)."""
-    from pipelines import registry
+    from pipelines.adapters import registry
     from pipelines.deploy.service import tenant_key
     from pipelines.loop.traffic import SwapProbe, gateway_url, wait_emitted
     from pipelines.sim.traffic import simulate
@@ -150,7 +151,7 @@ def run_demo(cfg: TracerlConfig, lc: LoopConfig, *, resource: TracerlResource | 
         print("[final] traffic on the last champion", flush=True)
         final = simulate(gateway_url(cfg), tenant_key(cfg, lc.tenant), lc.traffic_for(lc.iterations + 1),
                          lc.preference(), progress=lambda d, n: bar("traffic", d, n))
-        final_version = int(max(final.versions, key=final.versions.get).lstrip("v")) if final.versions else None
+        final_version = parse_version(max(final.versions, key=final.versions.get)) if final.versions else None
         text = format_report(reports, final.reward, final_version)
         plots = plot(reports, final.reward, cfg.home / "reports")
         run_id = log_to_mlflow(cfg, reports, text, plots, {"loop": asdict(lc), "train": cfg.train.to_dict(),

@@ -14,19 +14,19 @@ import dagster as dg
 
 from assets.resources import TracerlResource
 from assets.targets import parse_target, targets
+from pipelines.adapters.version import label
 from pipelines.deploy.reconcile import ReconcileReport, reconcile
 
 
 def report_metadata(report: ReconcileReport) -> dict:
     """The report as asset metadata (one JSON value per view of it, counts as numbers)."""
     swaps = [t.swap or {} for t in report.of("swapped")]
-    v = lambda version: f"v{version}" if version is not None else "base"  # noqa: E731
     return {
         "swapped": len(swaps),
         "failed_swaps": len(report.of("failed")),
-        "versions_before": dg.MetadataValue.json({t.key: v(t.before) for t in report.targets}),
-        "versions_after": dg.MetadataValue.json({t.key: v(t.after) for t in report.targets}),
-        "champions": dg.MetadataValue.json({t.key: None if t.champion is None else v(t.champion)
+        "versions_before": dg.MetadataValue.json({t.key: label(t.before) for t in report.targets}),
+        "versions_after": dg.MetadataValue.json({t.key: label(t.after) for t in report.targets}),
+        "champions": dg.MetadataValue.json({t.key: None if t.champion is None else label(t.champion)
                                             for t in report.targets}),
         "swaps": dg.MetadataValue.json(swaps),
         "drain_seconds_max": max((s.get("drain_s") or 0.0 for s in swaps), default=0.0),
@@ -34,9 +34,9 @@ def report_metadata(report: ReconcileReport) -> dict:
         # live requests that ended during the swaps, and those vLLM failed (the router's count)
         "requests_during_swaps": sum(s.get("requests") or 0 for s in swaps),
         "failed_requests_during_swaps": sum(s.get("failed_requests") or 0 for s in swaps),
-        "failed": dg.MetadataValue.json([{"tenant": t.tenant, "task": t.task, "to": v(t.champion), "error": t.reason}
+        "failed": dg.MetadataValue.json([{"tenant": t.tenant, "task": t.task, "to": label(t.champion), "error": t.reason}
                                          for t in report.of("failed")]),
-        "waiting_for_gateway": dg.MetadataValue.json([f"{t.key} {v(t.champion)}" for t in report.of("waiting")]),
+        "waiting_for_gateway": dg.MetadataValue.json([f"{t.key} {label(t.champion)}" for t in report.of("waiting")]),
         "gateway": "running" if report.gateway_running else "not running (tracerl serve)",
         "report": dg.MetadataValue.md("\n".join(f"- {line}" for line in report.lines()) or "no tenant/task"),
     }

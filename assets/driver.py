@@ -203,7 +203,7 @@ def resource_config(resource: TracerlResource) -> dict[str, Any]:
 
 def describe(run: LoopRun, cfg: TracerlConfig) -> list[str]:
     """What `tracerl loop` prints: the run, the candidate, the gate's decision, what serves now."""
-    from pipelines import registry
+    from pipelines.adapters import registry
     from pipelines.deploy.routing import Router
 
     tenant, _, task = run.target.partition("/")

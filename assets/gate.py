@@ -19,6 +19,7 @@ import dagster as dg
 from assets.links import model_version_url, run_url
 from assets.resources import TracerlResource
 from assets.targets import OUTCOME_TAG, parse_target, tag_run, targets
+from pipelines.adapters.version import tag_version
 from pipelines.config import TracerlConfig
 from pipelines.gate.run import gate_candidates
 
@@ -38,11 +39,11 @@ def run_candidate(context: dg.AssetExecutionContext) -> dict | None:
 
 def champion_now(cfg: TracerlConfig, tenant: str, task: str) -> dict | None:
     """The champion's registry and adapter versions, now (after the gate moved the aliases)."""
-    from pipelines.gate.promote import alias_version
-    from pipelines.registry import CHAMPION
+    from pipelines.adapters.promote import alias_version
+    from pipelines.adapters.registry import CHAMPION
 
     mv = alias_version(cfg, tenant, task, CHAMPION)
-    return None if mv is None else {"registry_version": str(mv.version), "adapter_version": int(mv.tags["adapter_version"])}
+    return None if mv is None else {"registry_version": str(mv.version), "adapter_version": tag_version(mv)}
 
 
 def gate_one(cfg: TracerlConfig, tenant: str, task: str, registry_version: str) -> dict:

@@ -23,7 +23,7 @@ def mlflow_ui(cfg: TracerlConfig) -> str:
 
 
 def model_version_url(cfg: TracerlConfig, tenant: str, task: str, version: str | int) -> dg.MetadataValue:
-    from pipelines.registry import model_name
+    from pipelines.adapters.registry import model_name
 
     return dg.MetadataValue.url(f"{mlflow_ui(cfg)}/#/models/{model_name(tenant, task)}/versions/{version}")
 

@@ -10,8 +10,8 @@ import dagster as dg
 
 from assets.resources import TracerlResource
 from pipelines.deploy.operations import approve_tagged
-from pipelines.gate.config import gate_config
-from pipelines.gate.promote import all_pending_approvals
+from pipelines.config import gate_config
+from pipelines.adapters.promote import all_pending_approvals
 
 
 @dg.op(description="Approve held versions a reviewer tagged in the MLflow UI, and serve the new champions.")

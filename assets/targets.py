@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from pipelines.train.adapters import check_id
+from pipelines.adapters.store import check_id
 
 TARGETS = "targets"
 targets = dg.DynamicPartitionsDefinition(name=TARGETS)

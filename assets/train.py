@@ -10,6 +10,7 @@ import dagster as dg
 from assets.links import model_version_url, run_url
 from assets.resources import TracerlResource
 from assets.targets import CANDIDATE_TAG, OUTCOME_TAG, REASON_TAG, parse_target, tag_run, targets
+from pipelines.adapters.version import label
 from pipelines.train.run import run_learner
 
 NO_CANDIDATE = "no_candidate"
@@ -23,7 +24,7 @@ def new_turns_reward(cfg, tenant: str, task: str, version: int) -> float | None:
     import pyarrow as pa
 
     from pipelines.lake.query import connect
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     ids = AdapterStore(cfg.adapter_root).get(tenant, task, version).meta.get("data_window", {}).get("turn_ids") or []
     if not ids:
@@ -61,7 +62,7 @@ def candidate_adapter(context: dg.AssetExecutionContext, tracerl: TracerlResourc
     context.log.info(f"{tenant}/{task}: v{r.adapter_version} from "
                      f"{'v' + str(r.parent_version) if r.parent_version else 'the base model'} on {r.new_turns} "
                      f"new + {r.replayed_turns} replayed turns (registry version {r.registry_version})")
-    tag_run(context, {CANDIDATE_TAG: f"v{r.adapter_version}"})
+    tag_run(context, {CANDIDATE_TAG: label(r.adapter_version)})
     metadata = {
         "adapter_version": r.adapter_version,
         "parent_version": r.parent_version if r.parent_version is not None else dg.MetadataValue.null(),

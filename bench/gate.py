@@ -41,14 +41,15 @@ def main() -> None:
 
     import mlflow
 
-    from pipelines import registry, tracking
+    from pipelines.adapters import registry
+    from pipelines import tracking
     from pipelines.config import TracerlConfig
     from pipelines.deploy.vllm_server import start_vllm, stop_vllm
-    from pipelines.gate.config import GateConfig
+    from pipelines.config.gate import GateConfig
     from pipelines.gate.evaluate import VllmBackend
     from pipelines.gate.run import run_gate
     from pipelines.models.smollm2 import ensure_smollm2
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
     from tests.deploy.test_vllm import make_adapter
 
     root = Path(tempfile.mkdtemp(prefix="tracerl-bench-gate-"))

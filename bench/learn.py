@@ -41,17 +41,17 @@ def main() -> None:
     from assets.demo import demo_iteration, demo_resource
     from assets.driver import dagster_instance
     from assets.resources import TracerlResource
-    from pipelines import registry
+    from pipelines.adapters import registry
     from pipelines.config import load_config
     from pipelines.deploy.service import tenant_key
     from pipelines.deploy.vllm_server import read_state
     from pipelines.loop.bootstrap import ensure_serving
     from pipelines.loop.demo import LoopConfig
     from pipelines.loop.heldout import adapter_rate
-    from pipelines.services import stack
+    from pipelines import stack
     from pipelines.sim.families import families
     from pipelines.sim.traffic import TrafficConfig
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     home, toml = bench_home("tracerl-learn-", 19492)
     cfg, instance = load_config(toml), dagster_instance()

@@ -35,10 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 
 from pipelines.ingest.decode import hot_fields  # noqa: E402
-from pipelines.ingest.tables import EVENTS_SCHEMA, HOT_COLUMNS  # noqa: E402
+from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS  # noqa: E402
 from pipelines.lake.store import EVENTS, Lake  # noqa: E402
 from pipelines.reward import reference  # noqa: E402
-from pipelines.reward.engine import RewardState, compute, run_rewards  # noqa: E402
+from pipelines.lake.tables import RewardState  # noqa: E402
+from pipelines.reward.engine import compute, run_rewards  # noqa: E402
 from pipelines.reward.spec import SpecBook  # noqa: E402
 
 N_EVENTS = 1_000_000

@@ -28,7 +28,7 @@ from typing import Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import TracerlConfig  # noqa: E402
-from pipelines.deploy.gateway_config import GatewayConfig  # noqa: E402
+from pipelines.config.gateway import GatewayConfig  # noqa: E402
 
 CLIENTS = 20           # concurrent clients
 DURATION_S = 66.0      # load phase; swaps happen inside it
@@ -80,7 +80,7 @@ def serve_stack(versions: int) -> Iterator[dict]:
     from pipelines.models.registry import base_model_hash
     from pipelines.models.tiny import make_tiny_llama
     from pipelines.services.kafka import start_broker, stop_broker
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     tmp = Path(tempfile.mkdtemp(prefix="tracerl-bench-"))
     cfg = TracerlConfig(home=tmp / "home")

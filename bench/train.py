@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
 from pipelines.train.batch import TrainTurn, collate, encode_turns  # noqa: E402
-from pipelines.train.config import OptimizerSettings, TrainConfig  # noqa: E402
+from pipelines.config.train import OptimizerSettings, TrainConfig  # noqa: E402
 from pipelines.train.step import build_policy, train_step  # noqa: E402
 
 TURNS, OUT_TOKENS, STEPS, MICRO = 64, 128, 2, 8

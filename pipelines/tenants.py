@@ -9,7 +9,7 @@ A tenant/task needs three things before the loop can improve it, and this module
   (``pipelines.loop.bootstrap.ensure_serving``), when the gateway runs; else later, with
   ``serve_tenant`` (``tracerl tenant serve``).
 - an eval suite: ``<suites_dir>/<tenant>/<task>/`` copied from the template
-  (``pipelines.gate.suites.template_dir``). Its items are placeholders, and the gate refuses to
+  (``pipelines.evals.suites.template_dir``). Its items are placeholders, and the gate refuses to
   promote on them until they are replaced, so no candidate ships on an eval nobody wrote.
 
 What exists is read from where each thing lives (key files and config, suite folders, the adapter
@@ -35,7 +35,7 @@ def check_name(value: str, what: str) -> str:
     """``value`` as a tenant or task id: the adapter store's check, and the trace contract's
     (64 characters at most: events name it)."""
     from pipelines.contract.validate import IDENT
-    from pipelines.train.adapters import check_id
+    from pipelines.adapters.store import check_id
 
     check_id(value, what)
     if not IDENT.fullmatch(value):
@@ -44,7 +44,7 @@ def check_name(value: str, what: str) -> str:
 
 
 def _suites_dir(cfg: TracerlConfig) -> Path:
-    from pipelines.gate.config import gate_config
+    from pipelines.config import gate_config
 
     return Path(gate_config(cfg).suites_dir)
 
@@ -115,7 +115,7 @@ def add_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str], serve: bool = 
     when the gateway runs. Refuses a task the tenant already has, before changing anything."""
     from pipelines.deploy.keys import key_path, write_key_file
     from pipelines.deploy.service import read_gateway_state
-    from pipelines.gate.suites import template_dir
+    from pipelines.evals.suites import template_dir
 
     check_name(tenant, "tenant")
     if not tasks:
@@ -207,7 +207,7 @@ def _champions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[s
     does not exist yet: nothing was ever registered, and opening it would create it."""
     if not pairs or (cfg.mlflow.tracking_uri is None and not (cfg.home / "mlflow.db").is_file()):
         return {p: None for p in pairs}
-    from pipelines import registry
+    from pipelines.adapters import registry
 
     return {(t, k): registry.adapter_for_alias(cfg, t, k, registry.CHAMPION) for t, k in pairs}
 
@@ -217,7 +217,7 @@ def list_tenants(cfg: TracerlConfig) -> list[TenantStatus]:
     from pipelines.contract.validate import IDENT
     from pipelines.deploy.keys import KeyRing, key_folder
     from pipelines.deploy.service import gateway_config
-    from pipelines.gate.suites import load_suites
+    from pipelines.evals.suites import load_suites
 
     configured = gateway_config(cfg).api_keys
     admin = cfg.home / "gateway" / "admin.key"  # reserved, as the gateway has it (never created here)

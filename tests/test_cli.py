@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from pipelines.cli import build_parser, main
+from tracerl.cli import build_parser, main
 
 
 def _commands():
@@ -22,7 +22,7 @@ def test_help_on_every_command(command, capsys):
 
 
 def test_help_is_fast_no_torch_or_dagster_import():
-    code = "import sys; from pipelines.cli import build_parser; build_parser(); " \
+    code = "import sys; from tracerl.cli import build_parser; build_parser(); " \
            "print(any(m in sys.modules for m in ('torch', 'dagster', 'mlflow', 'kafka')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

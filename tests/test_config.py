@@ -252,6 +252,7 @@ def test_a_bad_target_entry_fails_at_load(tmp_path, text, words):
 
 def test_reward_spec_paths_are_relative_to_the_file_and_env_and_keywords_layer(tmp_path, monkeypatch):
     monkeypatch.delenv("TRACERL_HOME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # earlier tests may export theirs (the error names every env layer)
     conf = tmp_path / "conf"
     conf.mkdir()
     cfg = _load(conf, '[reward]\nspec = "rewards.toml"\n[targets."acme".reward]\nspec = "sub/acme.toml"\n')

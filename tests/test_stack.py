@@ -8,7 +8,8 @@ import sys
 import urllib.request
 
 from pipelines.config import TracerlConfig
-from pipelines.services import process, stack
+from pipelines.services import process
+from pipelines import stack
 
 
 def test_spawn_reuse_and_stop_only_ours(tmp_path):

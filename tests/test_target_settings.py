@@ -16,7 +16,7 @@ from pipelines.gate.run import run_gate
 from pipelines.models.tiny import make_tiny_llama
 from pipelines.reward.engine import run_rewards
 from pipelines.tracking import client
-from pipelines.train.adapters import AdapterStore
+from pipelines.adapters.store import AdapterStore
 from pipelines.train.run import run_learner
 from tests.gate.gate_fixtures import candidate
 from tests.reward.reward_lake import fb, land, now, turn

@@ -11,7 +11,7 @@ import stat
 
 import pytest
 
-from pipelines.cli import main
+from tracerl.cli import main
 from pipelines.config import load_config
 
 PLACEHOLDER_RULE = "the gate will refuse to promote on the template's placeholder items until they are replaced"
@@ -90,7 +90,7 @@ def test_an_existing_tenant_task_is_refused_and_nothing_changes(conf, capsys, tm
 @pytest.mark.slow
 def test_the_gate_says_placeholder_for_the_scaffold_and_how_to_scaffold_for_nothing(conf, capsys, tmp_path):
     from pipelines.gate.run import run_gate
-    from pipelines.gate.suites import load_suites, suite_problem
+    from pipelines.evals.suites import load_suites, suite_problem
     from tests.gate.gate_fixtures import candidate
 
     assert tracerl(conf, capsys, "tenant", "add", "newco", "--task", "support", "--no-serve")[0] == 0

@@ -24,7 +24,7 @@ Example `tracerl.toml`:
     lr = 1e-4
 """
 
-from pipelines.config.gate import TESTS, GateConfig, SignatureConfig
+from pipelines.config.gate import TESTS, GateConfig, SignatureConfig, gate_config
 from pipelines.config.gateway import GatewayConfig
 from pipelines.config.ingest import IngestConfig
 from pipelines.config.kafka import KAFKA_PASSTHROUGH, KafkaConfig
@@ -49,5 +49,5 @@ __all__ = [
     "ENV", "KAFKA_PASSTHROUGH", "PER_TARGET", "TESTS", "ConfigError", "GateConfig", "GatewayConfig",
     "IngestConfig", "KTOObjective", "KafkaConfig", "LearnerConfig", "LoraSettings", "MlflowConfig",
     "Objective", "OptimizerSettings", "PolicyGradientObjective", "RewardConfig", "ServeConfig",
-    "SignatureConfig", "StalenessSettings", "TracerlConfig", "TrainConfig", "load_config",
+    "SignatureConfig", "StalenessSettings", "TracerlConfig", "TrainConfig", "gate_config", "load_config",
 ]

@@ -135,3 +135,9 @@ class GateConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def gate_config(cfg: Any) -> GateConfig:
+    """``cfg.gate``, or the defaults for an object without one (a bare namespace some callers and
+    tests pass instead of a whole TracerlConfig)."""
+    return getattr(cfg, "gate", None) or GateConfig()

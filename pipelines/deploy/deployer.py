@@ -32,7 +32,8 @@ from safetensors import SafetensorError, safe_open
 
 from pipelines.deploy import admin
 from pipelines.deploy.routing import Router, vllm_name
-from pipelines.train.adapters import META, READY, AdapterStore, AdapterVersion
+from pipelines.adapters.store import META, READY, AdapterStore, AdapterVersion
+from pipelines.adapters.version import label
 
 UNSAFE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt")  # pickle = code execution
 
@@ -105,7 +106,7 @@ class Deployer:
             for live in self.router.routes():
                 record: dict[str, Any] = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
                                           "who": who, "action": "restore", "tenant": live.tenant,
-                                          "task": live.task, "from": None, "to": f"v{live.version}"}
+                                          "task": live.task, "from": None, "to": label(live.version)}
                 t0 = time.monotonic()
                 try:
                     av = validate_adapter(self.store, live.tenant, live.task, live.version, self.base_hash)
@@ -126,12 +127,12 @@ class Deployer:
             t0, ended0 = time.monotonic(), self.router.ended(tenant, task)
             try:
                 old = self.router.live(tenant, task)
-                record["from"] = f"v{old.version}" if old else None
+                record["from"] = label(old.version) if old else None
                 if action == "rollback":
                     if old is None or not old.history:
                         raise DeployError(f"{tenant}/{task} has no previous version to roll back to")
                     version = int(old.history[-1]["version"])
-                record["to"] = f"v{version}"
+                record["to"] = label(version)
                 if old is not None and old.version == version:
                     raise DeployError(f"{tenant}/{task} v{version} is already live")
                 av = validate_adapter(self.store, tenant, task, version, self.base_hash)

@@ -60,6 +60,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
+from pipelines.adapters.version import label
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
 from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.contract.validate import ValidationError
@@ -67,7 +68,7 @@ from pipelines.deploy import schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
 from pipelines.deploy.emitter import Emitter
 from pipelines.deploy.errors import ApiError, error_response, errors_as_json
-from pipelines.deploy.gateway_config import GatewayConfig  # noqa: F401 - re-exported
+from pipelines.config.gateway import GatewayConfig
 from pipelines.deploy.json_body import parse_json
 from pipelines.deploy.keys import KeyRing
 from pipelines.deploy.routing import Router, UnknownModel
@@ -252,7 +253,7 @@ class Gateway:
         try:
             trace_id = given_trace or self.new_trace_id(tenant)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
-                    "adapter_version": f"v{lease.version}", "turn_index": self._turn_index(trace_id, ext.turn_index),
+                    "adapter_version": label(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
                     "app": ext.app or self.gcfg.app, "train": train}
             provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
                                            finish=None, latency_ms=0.0)

@@ -1,7 +1,7 @@
 """Operator actions: move the registry's `champion` alias with who and why, then reconcile.
 
 `champion` is what should serve; these are the only ways a person moves it (the gate moves it
-too, pipelines/gate/promote.py), and each reconciles the gateway at once, so the route follows
+too, pipelines/adapters/promote.py), and each reconciles the gateway at once, so the route follows
 within the command. Nothing automatic undoes them: the `deployment` asset reconciles to the
 same alias, and a rolled-back version is never promoted again except by `deploy` here.
 
@@ -59,7 +59,7 @@ def _why(why: str, action: str) -> str:
 
 
 def _version(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int) -> Any:
-    from pipelines import registry
+    from pipelines.adapters import registry
 
     mv = registry.version_for_adapter(cfg, tenant, task, adapter_version)
     if mv is None:
@@ -77,7 +77,7 @@ def _settle(cfg: TracerlConfig, action: str, tenant: str, task: str, registry: d
 
 def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str, why: str) -> ActionResult:
     """`champion` back to the version it replaced; the current one is marked rolled back."""
-    from pipelines.gate import promote
+    from pipelines.adapters import promote
 
     done = promote.rollback(cfg, tenant, task, who=who, why=_why(why, "rollback"))
     return _settle(cfg, "rollback", tenant, task, done, who)
@@ -88,8 +88,8 @@ def deploy(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who
     """`champion` to adapter ``adapter_version``. Refused (``Refused``) for a version the gate
     rejected (reject, contaminated) or a reviewer rejected, unless ``force``: then recorded as a
     forced override with who and why. A version never gated is deployed (the operator's call)."""
-    from pipelines.gate import promote
-    from pipelines.registry import CHAMPION
+    from pipelines.adapters import promote
+    from pipelines.adapters.registry import CHAMPION
 
     why = _why(why, "deploy")
     mv = _version(cfg, tenant, task, adapter_version)
@@ -124,7 +124,7 @@ def deploy(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who
 
 def approve(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who: str, why: str) -> ActionResult:
     """A held challenger (review mode) becomes champion and serves."""
-    from pipelines.gate import promote
+    from pipelines.adapters import promote
 
     mv = _version(cfg, tenant, task, adapter_version)
     done = promote.approve(cfg, tenant, task, str(mv.version), who, _why(why, "approve"))
@@ -133,7 +133,7 @@ def approve(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, wh
 
 def reject(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who: str, why: str) -> ActionResult:
     """A held challenger is rejected: status rejected, `challenger` dropped; the champion stays."""
-    from pipelines.gate import promote
+    from pipelines.adapters import promote
 
     mv = _version(cfg, tenant, task, adapter_version)
     done = promote.reject_held(cfg, tenant, task, str(mv.version), who, _why(why, "reject"))
@@ -143,7 +143,7 @@ def reject(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who
 def approve_tagged(cfg: TracerlConfig, approval_tag: str) -> list[ActionResult]:
     """Approve every held version a reviewer tagged in the MLflow UI (``approval_tag`` = true),
     oldest first, then reconcile each tenant/task once (the newest approved ends up serving)."""
-    from pipelines.gate import promote
+    from pipelines.adapters import promote
 
     pending = promote.all_pending_approvals(cfg, approval_tag)
     done: dict[tuple[str, str], list[dict[str, Any]]] = {}

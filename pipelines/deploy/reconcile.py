@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from pipelines.adapters.version import label, tag_version
 from pipelines.config import TracerlConfig
 
 SERVED_FROM, SERVED_UNTIL, STOPPED = "tracerl.served_from", "tracerl.served_until", "tracerl.stopped_reason"
@@ -40,10 +41,6 @@ def plan(desired: int | None, live: int | None, gateway_running: bool) -> Step:
     return "swap" if gateway_running else "wait"
 
 
-def _v(version: int | None) -> str:
-    return f"v{version}" if version is not None else "base"
-
-
 @dataclass
 class TargetResult:
     """One tenant/task after reconcile. Versions are adapter-store versions (what routes name)."""
@@ -62,11 +59,11 @@ class TargetResult:
         return f"{self.tenant}/{self.task}"
 
     def line(self) -> str:
-        what = {"in_sync": f"{_v(self.after)} serves, in sync",
-                "no_champion": f"no champion in the registry; {_v(self.after)} keeps serving",
-                "waiting": f"waiting for gateway to serve {_v(self.champion)} ({_v(self.before)} routed)",
-                "swapped": f"now serving {_v(self.after)} (was {_v(self.before)}): {self.reason}",
-                "failed": f"swap to {_v(self.champion)} failed, {_v(self.after)} keeps serving: {self.reason}"}
+        what = {"in_sync": f"{label(self.after)} serves, in sync",
+                "no_champion": f"no champion in the registry; {label(self.after)} keeps serving",
+                "waiting": f"waiting for gateway to serve {label(self.champion)} ({label(self.before)} routed)",
+                "swapped": f"now serving {label(self.after)} (was {label(self.before)}): {self.reason}",
+                "failed": f"swap to {label(self.champion)} failed, {label(self.after)} keeps serving: {self.reason}"}
         return f"{self.key}: {what[self.outcome]}"
 
 
@@ -107,8 +104,8 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
     """Make the gateway serve each target's champion; ``who`` lands in the swap log."""
     from pipelines.deploy.routing import Router
     from pipelines.deploy.service import GatewayError, read_gateway_state, swap
-    from pipelines.gate.promote import REASON, alias_version
-    from pipelines.registry import CHAMPION
+    from pipelines.adapters.promote import REASON, alias_version
+    from pipelines.adapters.registry import CHAMPION
 
     routes = cfg.home / "deploy" / "routes.json"
     report = ReconcileReport(gateway_running=read_gateway_state(cfg) is not None)
@@ -116,7 +113,7 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         live = Router(routes).live(tenant, task)
         before = live.version if live else None
         mv = alias_version(cfg, tenant, task, CHAMPION)
-        desired = int(mv.tags["adapter_version"]) if mv is not None else None
+        desired = tag_version(mv) if mv is not None else None
         step = plan(desired, before, report.gateway_running)
         result = TargetResult(tenant, task, desired, before, before,
                               {"swap": "swapped", "wait": "waiting"}.get(step, step))  # type: ignore[arg-type]
@@ -135,7 +132,7 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         now_live = Router(routes).live(tenant, task)  # the gateway wrote the flip
         result.after = now_live.version if now_live else None
         if result.after != desired:
-            result.outcome, result.reason = "failed", f"the gateway answered but routes {_v(result.after)}"
+            result.outcome, result.reason = "failed", f"the gateway answered but routes {label(result.after)}"
             continue
         result.reason = mv.tags.get(REASON) or "champion"
         _record_served(cfg, tenant, task, str(mv.version), before, desired, result.reason,
@@ -146,8 +143,8 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
 def _record_served(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, before: int | None,
                    after: int, reason: str, at: str | None) -> None:
     """Tags on the versions a swap touched: when the new one began serving, when and why the old stopped."""
-    from pipelines import registry
-    from pipelines.gate.promote import now, set_tags
+    from pipelines.adapters import registry
+    from pipelines.adapters.promote import now, set_tags
     from pipelines.tracking import client
 
     at = at or now()

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.adapters.version import label
+
 
 def vllm_name(tenant: str, task: str, version: int) -> str:
     """The versioned adapter name in vLLM: ``tenant/task/v<N>`` (AdapterVersion.name).
@@ -131,7 +133,7 @@ class Router:
 
     def public_models(self, tenant: str) -> list[dict[str, Any]]:
         with self._cond:
-            return [{"id": task, "object": "model", "owned_by": tenant, "version": f"v{live.version}"}
+            return [{"id": task, "object": "model", "owned_by": tenant, "version": label(live.version)}
                     for (t, task), live in sorted(self._routes.items()) if t == tenant]
 
     def flip(self, tenant: str, task: str, version: int, path: str, *, rollback: bool = False) -> Live | None:

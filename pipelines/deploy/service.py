@@ -25,7 +25,7 @@ from pipelines.config import TracerlConfig
 from pipelines.services import process
 from pipelines.services.process import ProcessState
 from pipelines.deploy.gateway import Gateway
-from pipelines.deploy.gateway_config import GatewayConfig
+from pipelines.config.gateway import GatewayConfig
 
 
 class GatewayError(RuntimeError):
@@ -72,7 +72,7 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
     from pipelines.deploy.routing import Router
     from pipelines.deploy.vllm_server import read_state
     from pipelines.models.registry import base_model_hash
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     gcfg = gcfg or gateway_config(cfg)
     home = Path(cfg.home)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.config.serve import DTYPES, LORA_RANKS, ServeConfig  # noqa: F401 (the [serve] section)
+from pipelines.config.serve import ServeConfig
 from pipelines.services import process
 from pipelines.services.process import HOST  # never anything else: runtime LoRA loading is an
                                              # unauthenticated admin API

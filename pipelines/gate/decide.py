@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pipelines.gate import power as pw
-from pipelines.gate.config import GateConfig
+from pipelines.config.gate import GateConfig
 from pipelines.gate.sequential import Look
 from pipelines.gate.signatures import SignatureVerdict
 from pipelines.gate.stats import Paired

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelines.gate.config import GateConfig
-from pipelines.gate.scorers import Judge, score
-from pipelines.gate.suites import Suite
+from pipelines.config.gate import GateConfig
+from pipelines.evals.scorers import Judge, score
+from pipelines.evals.suites import Suite
 
 
 @dataclass(frozen=True)

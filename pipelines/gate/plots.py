@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipelines.config import TracerlConfig
-from pipelines.registry import model_name
+from pipelines.adapters.registry import model_name
 from pipelines.tracking import client
 
 

@@ -17,19 +17,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from pipelines.config import TracerlConfig
-from pipelines.gate import promote as reg
-from pipelines.gate.config import GateConfig, gate_config
-from pipelines.gate.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
+from pipelines.adapters import promote as reg
+from pipelines.adapters.registry import CHAMPION, model_name
+from pipelines.adapters.version import label, tag_version
+from pipelines.config import GateConfig, TracerlConfig, gate_config
+from pipelines.evals.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
+from pipelines.evals.scorers import ToolCall, judge_from
+from pipelines.evals.suites import Suite, load_suites, suite_problem
 from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite
 from pipelines.gate.decide import decide as decide_
 from pipelines.gate.evaluate import Backend, Samples, VllmBackend, sample_suite
-from pipelines.gate.scorers import ToolCall, judge_from
 from pipelines.gate.sequential import sequential_compare
 from pipelines.gate.signatures import compare_signatures
 from pipelines.gate.stats import compare
-from pipelines.gate.suites import Suite, load_suites, suite_problem
-from pipelines.registry import CHAMPION, model_name
 
 
 @dataclass
@@ -52,7 +52,7 @@ class GateResult:
 
 def gate_name(tenant: str, task: str, adapter_version: int) -> str:
     """Adapter name inside vLLM during the gate (never the deployer's ``tenant/task/vN``)."""
-    return f"gate.{tenant}.{task}.v{adapter_version}"
+    return f"gate.{tenant}.{task}.{label(adapter_version)}"
 
 
 def embedded_backend(cfg: TracerlConfig, gate: GateConfig) -> VllmBackend:
@@ -77,14 +77,14 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     Raises ``ContaminationError`` (after tagging the version rejected) if eval items were trained on.
     """
     from pipelines.tracking import client
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     t0 = time.monotonic()
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] gate settings
     gate = gate or gate_config(cfg)
     c, name = client(cfg), model_name(tenant, task)
     cand = c.get_model_version(name, str(registry_version))
-    cand_av = int(cand.tags["adapter_version"])
+    cand_av = tag_version(cand)
     champ = reg.alias_version(cfg, tenant, task, CHAMPION)
     if champ is not None and str(champ.version) == str(registry_version):
         raise reg.RegistryError(f"{name} version {registry_version} is already the champion; nothing to gate")
@@ -118,7 +118,7 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         # -- serve both side by side, evaluate on identical requests -------------------------
         backend = backend or embedded_backend(cfg, gate)
         cand_name = gate_name(tenant, task, cand_av)
-        champ_av = int(champ.tags["adapter_version"]) if champ is not None else None
+        champ_av = tag_version(champ) if champ is not None else None
         champ_name = gate_name(tenant, task, champ_av) if champ_av is not None else cfg.serve.served_model_name
         backend.prepare(cand_name, store.get(tenant, task, cand_av).path)
         if champ_av is not None:

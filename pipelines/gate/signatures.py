@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipelines.contract.behaviour import Behaviour
-from pipelines.gate.config import SignatureConfig
+from pipelines.config.gate import SignatureConfig
 from pipelines.gate.stats import binom_tail_ge
 
 RATES = ("tool_error", "broken_call", "attempted_call", "clarify", "refusal")

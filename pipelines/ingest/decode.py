@@ -24,7 +24,7 @@ import pyarrow as pa
 from pipelines.contract.validate import (
     FIELDS, INTERNAL_ERROR, ValidationError, check_topic_tenant, decode_message, parse_time,
 )
-from pipelines.ingest.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
+from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
 
 # Columns carried beside the stored schema until landing: hive partition keys
 # and the record's position in the batch (to apply the main process's filters).

@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 from pipelines.config import TracerlConfig
 from pipelines.faults import failpoint
 from pipelines.ingest.decode import Chunk, Decoder
-from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
+from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.services.kafka import client_options
 

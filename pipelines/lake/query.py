@@ -8,7 +8,7 @@ those columns, not parsed from the payload (lake format 2, see `tables.py`).
     con.sql("SELECT task, count(*) FROM turns GROUP BY ALL").show()
 
 Views: events, turns, tool_calls, feedback, session_ends, quarantine, and the reward
-stage's rewards and reward_corrections.
+stage's rewards and reward_corrections (`register_reward_views`). Every schema is in `tables.py`.
 The same views back `tracerl sql` and every later stage (rewards, learner).
 """
 
@@ -19,8 +19,10 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
-from pipelines.lake.store import EVENTS, QUARANTINE
+from pipelines.lake.store import EVENTS, QUARANTINE, Lake
+from pipelines.lake.tables import (
+    CORRECTION_SCHEMA, CORRECTIONS, EVENTS_SCHEMA, PROVISIONAL, QUARANTINE_SCHEMA, REWARD_SCHEMA, REWARDS, reward_state,
+)
 
 _ENVELOPE = "event_id, tenant, date, app, task, trace_id, turn_id, event_time"
 
@@ -102,6 +104,36 @@ def _source(con: duckdb.DuckDBPyConnection, root: Path, dataset: str, schema: pa
     return f"_empty_{dataset}"
 
 
+_HIVE = "hive_partitioning = true, hive_types = {'tenant': VARCHAR, 'date': DATE}, union_by_name = true"
+
+
+def register_reward_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckdb.DuckDBPyConnection:
+    """``rewards``: settled turns (append-only) + the latest provisional snapshot, ``settled`` tells
+    them apart (training reads ``WHERE settled AND labelled``); ``reward_corrections``: events that
+    arrived after their turn settled, or never found it. Provisional rows are located through the
+    latest reward manifest, never by globbing, so a reader never sees two snapshots at once."""
+    root = Path(lake_root).resolve()
+    names = ", ".join(f.name for f in REWARD_SCHEMA)
+    parts = []
+    if any((root / REWARDS).rglob("*.parquet")):
+        parts.append(f"SELECT {names} FROM read_parquet('{root / REWARDS}/**/*.parquet', {_HIVE})")
+    state = reward_state(Lake(root).manifests())
+    provisional = [str(root / p) for p in state.files(PROVISIONAL) if (root / p).exists()]
+    if provisional:
+        parts.append(f"SELECT {names} FROM read_parquet({provisional!r}, hive_partitioning = false, "
+                     "union_by_name = true)")
+    con.register("_empty_rewards", REWARD_SCHEMA.empty_table())
+    parts.append(f"SELECT {names} FROM _empty_rewards")
+    con.execute("CREATE OR REPLACE VIEW rewards AS " + " UNION ALL ".join(parts))
+    if any((root / CORRECTIONS).rglob("*.parquet")):
+        src = f"read_parquet('{root / CORRECTIONS}/**/*.parquet', {_HIVE})"
+    else:
+        con.register("_empty_reward_corrections", CORRECTION_SCHEMA.empty_table())
+        src = "_empty_reward_corrections"
+    con.execute(f"CREATE OR REPLACE VIEW reward_corrections AS SELECT * FROM {src}")
+    return con
+
+
 def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckdb.DuckDBPyConnection:
     root = Path(lake_root).resolve()
     events = _source(con, root, EVENTS, EVENTS_SCHEMA, {"tenant": "VARCHAR", "date": "DATE"})
@@ -115,9 +147,7 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckd
         )
     quarantine = _source(con, root, QUARANTINE, QUARANTINE_SCHEMA, {"date": "DATE"})
     con.execute(f"CREATE OR REPLACE VIEW quarantine AS SELECT * FROM {quarantine}")
-    from pipelines.reward.query import register_views  # rewards, reward_corrections
-
-    return register_views(con, root)
+    return register_reward_views(con, root)
 
 
 def connect(lake_root: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pipelines import registry, tracking
+from pipelines.adapters import registry
+from pipelines import tracking
 from pipelines.config import TracerlConfig
-from pipelines.train.adapters import AdapterStore
+from pipelines.adapters.store import AdapterStore
 
 
 def ensure_champion(cfg: TracerlConfig, tenant: str, task: str) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import TracerlConfig
-from pipelines.services import stack
+from pipelines import stack
 from pipelines.sim.traffic import TrafficConfig
 
 SIM_REWARD_SPEC = Path(__file__).resolve().parents[1] / "sim" / "rewards.toml"

@@ -21,8 +21,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from pipelines.reward.engine import REWARDS, RewardRunResult
-from pipelines.reward.spec import COMPONENTS, SpecBook
+from pipelines.lake.tables import REWARDS
+from pipelines.reward.engine import RewardRunResult
+from pipelines.lake.tables import COMPONENTS
+from pipelines.reward.spec import SpecBook
 
 
 @dataclass

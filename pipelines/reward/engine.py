@@ -35,39 +35,17 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.lake.store import EVENTS, Lake, Manifest
+from pipelines.lake.store import EVENTS, Lake
+from pipelines.lake.tables import (
+    CORRECTIONS, PENDING, PROVISIONAL, REWARDS, STATE_KEY, RewardState, is_reward_manifest, reward_state,
+)
 from pipelines.reward.spec import SpecBook
 from pipelines.reward.sql import DUPLICATE_IDS, SIGNAL_SCHEMA, TRACE, compute_sql, extract_sql, rewards_sql
 
-REWARDS = "rewards"
-CORRECTIONS = "reward_corrections"
-PROVISIONAL = "reward_provisional"
-PENDING = "reward_pending"
-STATE_KEY = "reward_through_seq"
 
 
 class ConcurrentRewardRun(RuntimeError):
     pass
-
-
-@dataclass
-class RewardState:
-    through_seq: int = 0                 # every manifest up to here has been read
-    manifest: Manifest | None = None     # the latest reward manifest
-
-    def files(self, dataset: str) -> list[str]:
-        return [f["path"] for f in (self.manifest.files if self.manifest else []) if f["dataset"] == dataset]
-
-
-def is_reward_manifest(m: Manifest) -> bool:
-    return STATE_KEY in (m.counts or {})
-
-
-def reward_state(manifests: list[Manifest]) -> RewardState:
-    for m in reversed(manifests):
-        if is_reward_manifest(m):
-            return RewardState(int(m.counts[STATE_KEY]), m)
-    return RewardState()
 
 
 @dataclass

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from pipelines.reward.spec import (
-    COMPONENTS, COST_COMPONENTS, EXPLICIT_COMPONENTS, Discounted, LastTurn, RewardSpec, Uniform,
-)
+from pipelines.lake.tables import COMPONENTS
+from pipelines.reward.spec import COST_COMPONENTS, EXPLICIT_COMPONENTS, Discounted, LastTurn, RewardSpec, Uniform
 
 OUTPUT_KINDS = ("accept", "edit", "reject")
 TOOL_OUTCOMES = ("ok", "timeout", "error", "invalid_arguments")

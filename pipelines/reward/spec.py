@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from pipelines.lake.tables import COMPONENTS
+
 if TYPE_CHECKING:
     from pipelines.config import TracerlConfig
 
-# Component columns of the rewards dataset, in order. `latency` and `length` are
-# cost terms: they adjust a labelled turn, they never label one by themselves.
-COMPONENTS = ("thumbs", "rating", "output", "regenerate", "follow_up",
-              "abandon", "session", "tool", "retries", "latency", "length")
+# The rewards dataset's component columns (in order) are the lake's: `lake.tables.COMPONENTS`.
+# `latency` and `length` are cost terms: they adjust a labelled turn, they never label one by themselves.
 COST_COMPONENTS = ("latency", "length")
 # Explicit feedback: the user judged the reply (thumbs, rating) or acted on it (accept / edit / reject).
 # One of these > 0 lifts the dodge cap (Dodge.explicit_overrides); implicit signals never do.

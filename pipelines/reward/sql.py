@@ -29,7 +29,8 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from pipelines.reward.spec import COMPONENTS, EXPLICIT_COMPONENTS
+from pipelines.lake.tables import COMPONENTS
+from pipelines.reward.spec import EXPLICIT_COMPONENTS
 
 TS = pa.timestamp("us", tz="UTC")
 

@@ -26,7 +26,12 @@ def dagster_home() -> Path:
     return Path(os.environ.get("DAGSTER_HOME") or REPO / "dagster_home").resolve()
 
 
-def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 180.0) -> process.ProcessState:
+def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 180.0,
+                  reward_spec: Path | None = None) -> process.ProcessState:
+    """Start `dagster dev` (or return the running one). ``reward_spec``: the fallback reward spec
+    for a configuration that names none (the caller's ``reward.spec.fallback_spec_path()``, an
+    absolute path: it depends on the caller's env and working directory, and Dagster runs in the
+    repo); None hands none over."""
     state = process.read_state(cfg.run_dir, NAME)
     if state:
         return state
@@ -35,14 +40,10 @@ def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 
     home.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DAGSTER_HOME": str(home), "TRACERL_HOME": str(cfg.home.resolve())}
     # The reward spec comes from the same configuration ($TRACERL_CONFIG, which Dagster reads at
-    # every run). Only the fallbacks for a config naming no spec depend on this process (its env
-    # and working directory, while Dagster runs in the repo): hand them over as an absolute path.
-    from pipelines.reward.spec import fallback_spec_path
-
-    fallback = fallback_spec_path()
+    # every run); only the fallback for a config naming none comes from the caller.
     env.pop("TRACERL_REWARD_SPEC", None)
-    if fallback is not None:
-        env["TRACERL_REWARD_SPEC"] = str(fallback)
+    if reward_spec is not None:
+        env["TRACERL_REWARD_SPEC"] = str(reward_spec)
     dagster = Path(sys.executable).parent / "dagster"
     state = process.spawn(
         NAME, [str(dagster), "dev", "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines import registry
+from pipelines.adapters import registry
 from pipelines.config import TracerlConfig
 from pipelines.contract.events import Event, Feedback, Message, ModelTurn, Sampling, SessionEnd, ToolCall, new_id
 from pipelines.contract.tool_calls import parse_tool_calls, with_tools
@@ -27,7 +27,7 @@ from pipelines.reward.engine import run_rewards
 from pipelines.sim.env import HiddenPreference
 from pipelines.sim.policy import HFPolicy, Sample
 from pipelines.sim.sessions import Session, TurnRecord, UserModel
-from pipelines.train.adapters import AdapterStore
+from pipelines.adapters.store import AdapterStore
 from pipelines.train.run import LearnerResult, run_learner
 
 

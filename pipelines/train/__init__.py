@@ -1,5 +1,5 @@
 """The learner: small incremental RL steps on LoRA adapters.
 
-``config`` is torch-free (parse and validate anywhere); ``losses`` holds the pure loss
-functions and imports torch, so only the learner process imports it.
+Its settings are ``pipelines.config.train`` (torch-free: parse and validate anywhere); ``losses``
+holds the pure loss functions and imports torch, so only the learner process imports it.
 """

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipelines.train.adapters import AdapterStore, AdapterVersion
+from pipelines.adapters.store import AdapterStore, AdapterVersion
 from pipelines.train.optim_state import OPTIMIZER_FILE
 
 # registry version tags that end a branch (written by pipelines/gate/run.py and promote.py)

@@ -18,7 +18,7 @@ from typing import Hashable, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from pipelines.train.config import KTOObjective, PolicyGradientObjective
+from pipelines.config.train import KTOObjective, PolicyGradientObjective
 
 MAX_LOG_RATIO = 20.0  # exp(20) ≈ 5e8: keeps exp() finite on garbage positions; caps act long before
 ZERO_STD = 1e-6  # a group whose reward std is below this carries no signal

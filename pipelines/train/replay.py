@@ -74,14 +74,14 @@ def use_stats(new: int, replayed: Sequence[ReplayTurn]) -> dict[str, Any]:
 def replay_pool(cfg: Any, tenant: str, task: str) -> list[ReplayTurn]:
     """Every turn eligible for replay (unordered); empty when replay is off or nothing was trained."""
     from pipelines.lake.query import connect
-    from pipelines.train.run import TRAINED_TURNS, _ledger_source
+    from pipelines.lake.ledger import has_ledger, ledger_source
 
     lc = cfg.learner
-    if lc.replay_turns == 0 or lc.replay_max_uses <= 1 or not any((cfg.lake / TRAINED_TURNS).rglob("*.parquet")):
+    if lc.replay_turns == 0 or lc.replay_max_uses <= 1 or not has_ledger(cfg.lake):
         return []
     con = connect(cfg.lake)
     rows = con.execute(f"""
-        WITH led AS (SELECT l.turn_id, l.adapter_version FROM {_ledger_source(cfg.lake)} l
+        WITH led AS (SELECT l.turn_id, l.adapter_version FROM {ledger_source(cfg.lake)} l
                      WHERE l.tenant = ? AND l.task = ?),
              iterations AS (SELECT DISTINCT adapter_version AS v FROM led WHERE adapter_version > 0),
              used AS (SELECT turn_id, count(*) AS uses, min(adapter_version) AS first_v FROM led GROUP BY turn_id

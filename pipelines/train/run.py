@@ -6,36 +6,27 @@
       -> MLflow run (config, per-step metrics, adapter artifact, lineage and branch tags)
       -> registry model version (the gate decides what it becomes)
 
-The `trained_turns` ledger, committed through the lake's manifest protocol, holds one row per
-(turn, use): "new" = no row; a turn replays until it has `learner.replay_max_uses` rows. A row
-with adapter_version 0 marks a turn excluded as an eval prompt: never trained, never replayed.
+The lake's `trained_turns` ledger (pipelines/lake/ledger.py) holds one row per (turn, use): "new"
+= no row; a turn replays until it has `learner.replay_max_uses` rows. A row with adapter_version 0
+marks a turn excluded as an eval prompt: never trained, never replayed.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from pipelines.config import TracerlConfig
+from pipelines.config import TracerlConfig, gate_config
+from pipelines.evals.contamination import eval_hashes, exclude_eval_turns
+from pipelines.lake.ledger import ledger_source, record_ledger
 from pipelines.lake.query import connect
-from pipelines.lake.store import Lake
-from pipelines.train.adapters import AdapterStore
+from pipelines.adapters.store import AdapterStore
 from pipelines.train.batch import TrainTurn
-
-TRAINED_TURNS = "trained_turns"
-# `use`: 1 = the turn's first training, k = its k-th (replay); 0 = excluded eval prompt.
-# `weight`: the replay age weight it trained with (1 = first use). Ledger files written before
-# these columns lack them (read with union_by_name); use counts are row counts, not `use`.
-LEDGER_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
-                           ("adapter_version", pa.int64()), ("trained_at", pa.timestamp("ms", tz="UTC")),
-                           ("use", pa.int64()), ("weight", pa.float64())])
-
 
 @dataclass
 class LearnerResult:
@@ -56,15 +47,6 @@ class LearnerResult:
     reset_reason: str | None = None  # why the branch head was not continued
 
 
-def _ledger_source(lake_root: Path) -> str:
-    folder = Path(lake_root).resolve() / TRAINED_TURNS
-    if any(folder.rglob("*.parquet")):
-        return (f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, union_by_name = true, "
-                f"hive_types = {{'tenant': VARCHAR}})")
-    return ("(SELECT NULL::VARCHAR AS tenant, NULL::VARCHAR AS task, NULL::VARCHAR AS turn_id, "
-            "NULL::BIGINT AS adapter_version WHERE false)")
-
-
 def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -> list[TrainTurn]:
     """Settled, labelled turns of tenant/task that no adapter has trained on, oldest first.
 
@@ -78,7 +60,7 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND t.train AND t.tenant = ? AND t.task = ?
-          AND t.turn_id NOT IN (SELECT l.turn_id FROM {_ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
+          AND t.turn_id NOT IN (SELECT l.turn_id FROM {ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time LIMIT ?""", [tenant, task, tenant, task, limit]).fetchall()
     return [TrainTurn(turn_id=r[0], task=r[1], prompt_token_ids=r[2], input_messages=json.loads(r[3]),
@@ -90,35 +72,15 @@ def count_new_turns(cfg: TracerlConfig, tenant: str, task: str) -> int:
     return len(new_training_turns(cfg, tenant, task, limit=1_000_000))
 
 
-def _record_ledger(cfg: TracerlConfig, tenant: str, task: str, turn_ids: list[str], version: int,
-                   uses: list[int] | None = None, weights: list[float] | None = None) -> None:
-    """One row per (turn, use); ``uses`` defaults to 1 (first use), 0 for version 0 (excluded);
-    ``weights`` to 1."""
-    lake = Lake(cfg.lake)
-    now = int(time.time() * 1000)
-    n = len(turn_ids)
-    table = pa.table({"task": [task] * n, "turn_id": turn_ids, "adapter_version": [version] * n,
-                      "trained_at": [now] * n, "use": uses if uses is not None else [1 if version else 0] * n,
-                      "weight": weights if weights is not None else [1.0] * n},
-                     schema=LEDGER_SCHEMA)
-    with lake.locked():
-        txn = lake.begin(f"learner-{tenant}-{task}-v{version}")
-        txn.stage(TRAINED_TURNS, {"tenant": tenant}, table)
-        txn.commit({}, {"trained_turns": n})
-        txn.publish()
-
-
 def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     import mlflow
 
-    from pipelines import registry, tracking
+    from pipelines import tracking
+    from pipelines.adapters import registry
     from pipelines.models.registry import base_model_hash, resolve_base_model
     from pipelines.train.branch import choose_parent
     from pipelines.train.replay import prioritize, replay_pool, use_stats
     from pipelines.train.step import train_step
-
-    from pipelines.gate.config import gate_config
-    from pipelines.gate.contamination import eval_hashes, exclude_eval_turns
 
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] learner/train/gate settings
     lc = cfg.learner
@@ -128,7 +90,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     # ledger them (version 0) so they are not "new" again, nor replayed, on the next run.
     turns, excluded = exclude_eval_turns(turns, hashes)
     if excluded:
-        _record_ledger(cfg, tenant, task, [t.turn_id for t in excluded], 0)
+        record_ledger(cfg.lake, tenant, task, [t.turn_id for t in excluded], 0)
     result = LearnerResult(tenant, task, "skipped", new_turns=len(turns), excluded_eval_turns=len(excluded))
     if len(turns) < lc.min_new_turns:  # replay alone never triggers a run
         result.reason = f"{len(turns)} new settled turns < learner.min_new_turns={lc.min_new_turns}"
@@ -137,7 +99,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     pool, replay_excluded = exclude_eval_turns(replay_pool(cfg, tenant, task), hashes, lambda p: p.turn.input_messages)
     replayed = prioritize(pool, lc.replay_turns)
     if replay_excluded:
-        _record_ledger(cfg, tenant, task, [p.turn.turn_id for p in replay_excluded], 0)
+        record_ledger(cfg.lake, tenant, task, [p.turn.turn_id for p in replay_excluded], 0)
     result.excluded_eval_turns += len(replay_excluded)
     replay = use_stats(len(turns), replayed)
     batch = turns + [p.turn for p in replayed]
@@ -183,7 +145,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                 "replay": replay})
             mlflow.log_artifacts(str(version.path), "adapter")
             mlflow.set_tag("adapter_version", version.version)
-    _record_ledger(cfg, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
+    record_ledger(cfg.lake, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
                    version.version, [1] * len(turns) + [p.uses + 1 for p in replayed],
                    [t.weight for t in batch])
     result.registry_version = registry.register_candidate(cfg, tenant, task, run.info.run_id, version.version,

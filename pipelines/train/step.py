@@ -22,19 +22,17 @@ Same inputs + seed on one machine -> bit-identical adapter.
 from __future__ import annotations
 
 import math
-import re
 import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Hashable, Sequence
 
-from pipelines.train.adapters import write_folder_atomically
+from pipelines.adapters.store import write_folder_atomically
+from pipelines.adapters.version import parse_version
 from pipelines.train.batch import EncodedTurn, TrainTurn, collate, encode_turns
-from pipelines.train.config import KTOObjective, TrainConfig
+from pipelines.config.train import KTOObjective, TrainConfig
 from pipelines.train.optim_state import OPTIMIZER_FILE, load_optimizer_state, save_optimizer_state
-
-_VERSION = re.compile(r"(?:^|[/:])v?([0-9]+)$")
 
 
 @dataclass
@@ -44,14 +42,6 @@ class StepResult:
     summary: dict[str, Any]  # data counts, timings, final metrics
     task_baselines: dict[Hashable, float] = field(default_factory=dict)  # feed to the next call
     turn_ids: list[str] = field(default_factory=list)  # the turns that carried signal
-
-
-def parse_version(value: str | None) -> int | None:
-    """'v3', '3', 'acme/support/v3' -> 3; None (base model) -> 0; anything else -> None."""
-    if value is None:
-        return 0
-    m = _VERSION.search(str(value).strip())
-    return int(m.group(1)) if m else None
 
 
 def build_policy(base_model_path: Path, parent_adapter_dir: Path | None, cfg: TrainConfig, seed: int):

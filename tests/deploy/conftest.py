@@ -27,13 +27,13 @@ class Boundary:
 
 @pytest.fixture(scope="session")
 def boundary(tmp_path_factory, broker) -> Boundary:
-    from pipelines.deploy.gateway_config import GatewayConfig
+    from pipelines.config.gateway import GatewayConfig
     from pipelines.deploy.service import GatewayThread, build_gateway
     from pipelines.deploy.vllm_server import start_vllm, stop_vllm
     from pipelines.models.registry import base_model_hash
     from pipelines.models.tiny import make_tiny_llama
     from pipelines.services.kafka import ensure_topic
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
     from tests.deploy.test_vllm import VLLM_PY, make_adapter
 
     if not VLLM_PY.is_file():

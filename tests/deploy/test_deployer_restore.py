@@ -12,7 +12,7 @@ from pipelines.deploy import admin
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps, validate_adapter
 from pipelines.deploy.routing import Router
 from pipelines.models.registry import base_model_hash
-from pipelines.train.adapters import META, AdapterStore, check_id
+from pipelines.adapters.store import META, AdapterStore, check_id
 from tests.deploy.test_vllm import VLLM_PY, make_adapter
 
 META_OK = {"parent_version": None, "data_window": None, "reward_spec_version": None, "config": {}, "metrics": {}}

@@ -7,7 +7,7 @@ from assets.definitions import defs
 from assets.deploy import deployment
 from assets.resources import TracerlResource
 from assets.targets import TARGETS, materialize_target
-from pipelines import registry
+from pipelines.adapters import registry
 
 
 def test_deployment_is_downstream_of_the_blocking_gate():

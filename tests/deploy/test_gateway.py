@@ -20,11 +20,11 @@ import pytest
 
 from pipelines.config import TracerlConfig
 from pipelines.deploy import admin
-from pipelines.deploy.gateway_config import GatewayConfig
+from pipelines.config.gateway import GatewayConfig
 from pipelines.deploy.service import GatewayClient, GatewayThread, build_gateway, swap_history
 from pipelines.models.registry import base_model_hash
 from pipelines.services.kafka import ensure_topic, start_broker, stop_broker
-from pipelines.train.adapters import AdapterStore
+from pipelines.adapters.store import AdapterStore
 from tests.conftest import make_config
 from tests.deploy.test_emitter import free_port, wait_for
 from tests.deploy.test_vllm import VLLM_PY, make_adapter

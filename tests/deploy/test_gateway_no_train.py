@@ -34,7 +34,8 @@ def test_a_turn_marked_not_for_training_lands_gets_a_reward_and_is_never_trained
     from pipelines.lake.query import connect
     from pipelines.reward.engine import run_rewards
     from pipelines.train.replay import replay_pool
-    from pipelines.train.run import _record_ledger, new_training_turns
+    from pipelines.lake.ledger import record_ledger
+    from pipelines.train.run import new_training_turns
 
     cfg = copy.deepcopy(boundary.cfg)  # the boundary's topic, a lake and consumer group of this test's own
     cfg.lake_root, cfg.kafka.group_id = tmp_path / "lake", f"g-{uuid.uuid4().hex[:8]}"
@@ -69,7 +70,7 @@ def test_a_turn_marked_not_for_training_lands_gets_a_reward_and_is_never_trained
     assert {ids["twin"], ids["consented"]} <= new and not {ids["header"], ids["body"]} & new
     # a ledger that credits every one of them (e.g. written by an older learner): replay still
     # re-checks the flag
-    _record_ledger(cfg, "acme", "support", list(ids.values()), 1)
+    record_ledger(cfg.lake, "acme", "support", list(ids.values()), 1)
     pool = {p.turn.turn_id for p in replay_pool(cfg, "acme", "support")}
     assert {ids["twin"], ids["consented"]} <= pool and not {ids["header"], ids["body"]} & pool
 

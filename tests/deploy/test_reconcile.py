@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipelines import registry
+from pipelines.adapters import registry
 from pipelines.config import TracerlConfig, load_config
 from pipelines.deploy.reconcile import SERVED_FROM, SERVED_UNTIL, STOPPED, plan, reconcile
 from pipelines.deploy.routing import Router
-from pipelines.gate import promote
+from pipelines.adapters import promote
 from pipelines.tracking import client
 
 # -- the decision, pure ------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def tenant_task() -> tuple[str, str]:
 def publish(s: Stack, tenant: str, task: str, seed: int, base_hash: str | None = None) -> tuple[str, int]:
     """A real adapter in the store, registered as the learner does: (registry version, adapter version)."""
     from pipelines import tracking
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     av = AdapterStore(s.cfg.adapter_root).publish(tenant, task, s.sources[seed], {
         "parent_version": None, "base_model_hash": base_hash or s.base_hash, "data_window": None,
@@ -139,7 +139,7 @@ def first_champion(s: Stack, tenant: str, task: str) -> tuple[str, int]:
 
 def gate(s: Stack, tenant: str, task: str, rv: str, quality: int, review: bool = False):
     """The real gate on the version (scripted eval replies: quality 0 loses to the champion's 1, 3 wins)."""
-    from pipelines.gate.config import GateConfig
+    from pipelines.config.gate import GateConfig
     from pipelines.gate.run import run_gate
     from tests.gate.gate_fixtures import FakeBackend, policy_for, write_suites
 
@@ -160,7 +160,7 @@ def champion(s: Stack, tenant: str, task: str) -> int | None:
 
 
 def cli(*argv: str) -> int:
-    from pipelines.cli import main
+    from tracerl.cli import main
 
     return main(list(argv))
 

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from pipelines.cli import main
+from tracerl.cli import main
 
 
 @pytest.mark.slow

@@ -60,6 +60,7 @@ def stack_cfg(e2e_dir):
 @pytest.fixture(scope="module")
 def dagster_ui(e2e_dir, stack_cfg):
     """`tracerl up`'s Dagster (webserver + daemon on `assets.definitions`) on a fresh DAGSTER_HOME."""
+    from pipelines.reward.spec import fallback_spec_path
     from pipelines.services.dagster import start_dagster, stop_dagster
 
     home = e2e_dir / "dagster_home"
@@ -69,7 +70,7 @@ def dagster_ui(e2e_dir, stack_cfg):
     before = os.environ.get("DAGSTER_HOME")
     os.environ["DAGSTER_HOME"] = str(home)
     try:
-        yield start_dagster(stack_cfg).url
+        yield start_dagster(stack_cfg, reward_spec=fallback_spec_path()).url
     finally:
         stop_dagster(stack_cfg)
         if before is None:
@@ -87,7 +88,8 @@ def mlflow_ui(stack_cfg):
     """
     import mlflow
 
-    from pipelines import registry, tracking
+    from pipelines.adapters import registry
+    from pipelines import tracking
     from pipelines.services.mlflow_server import start_mlflow, stop_mlflow
 
     cfg = stack_cfg

@@ -41,7 +41,7 @@ def demo(tmp_path_factory, broker):
     from assets.resources import TracerlResource
     from pipelines.config import load_config
     from pipelines.loop.demo import SIM_REWARD_SPEC, LoopConfig
-    from pipelines.services import stack
+    from pipelines import stack
     from pipelines.services.kafka import ensure_topic
     from pipelines.sim.traffic import TrafficConfig
 
@@ -85,7 +85,7 @@ spec = "{SIM_REWARD_SPEC}"  # the simulated users' spec for every run (the demo'
 
 
 def test_the_report_is_read_from_one_dagster_run_per_iteration(demo):
-    from pipelines import registry
+    from pipelines.adapters import registry
     from pipelines.lake.query import connect
     from pipelines.loop.report import STAGES
     from pipelines.tracking import client
@@ -195,7 +195,7 @@ def test_dagster_runs_page_shows_one_run_per_iteration(demo, loop_ui, browser):
 
 
 def test_mlflow_registry_shows_as_champion_what_the_gateway_serves(demo, browser):
-    from pipelines import registry
+    from pipelines.adapters import registry
     from pipelines.deploy.routing import Router
     from pipelines.services.mlflow_server import start_mlflow, stop_mlflow
 
@@ -218,7 +218,8 @@ def test_mlflow_registry_shows_as_champion_what_the_gateway_serves(demo, browser
 
 
 def test_loop_command_runs_one_more_iteration_and_prints_its_outcome(demo, capsys):
-    from pipelines import cli, registry
+    from tracerl import cli
+    from pipelines.adapters import registry
     from pipelines.deploy.service import read_gateway_state, tenant_key
     from pipelines.loop.demo import LoopConfig
     from pipelines.loop.traffic import wait_emitted

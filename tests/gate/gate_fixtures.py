@@ -7,10 +7,11 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from pipelines import registry, tracking
+from pipelines.adapters import registry
+from pipelines import tracking
 from pipelines.config import TracerlConfig
-from pipelines.gate.config import GateConfig
-from pipelines.train.adapters import AdapterStore
+from pipelines.config.gate import GateConfig
+from pipelines.adapters.store import AdapterStore
 
 N = 30
 

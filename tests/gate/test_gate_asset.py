@@ -120,7 +120,7 @@ def test_no_candidate_in_the_run_gates_nothing(tmp_path, mlflow_server, monkeypa
 def test_approval_sensor_and_job_promote_an_approved_challenger(tmp_path, mlflow_server, monkeypatch):
     from assets.review import approval_job, approved_challengers
     from pipelines.gate.run import run_gate
-    from pipelines.registry import CHAMPION, adapter_for_alias, model_name
+    from pipelines.adapters.registry import CHAMPION, adapter_for_alias, model_name
     from pipelines.tracking import client
 
     cfg, gate, tenant, task = setup(tmp_path, mlflow_server, review=True)

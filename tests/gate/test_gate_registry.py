@@ -4,10 +4,10 @@ contamination, review hold then approval, rollback. vLLM is replaced by a script
 
 import pytest
 
-from pipelines.gate import promote as reg
-from pipelines.gate.contamination import ContaminationError
+from pipelines.adapters import promote as reg
+from pipelines.evals.contamination import ContaminationError
 from pipelines.gate.run import run_gate
-from pipelines.registry import CHALLENGER, CHAMPION, adapter_for_alias, model_name
+from pipelines.adapters.registry import CHALLENGER, CHAMPION, adapter_for_alias, model_name
 from pipelines.tracking import client
 from tests.gate.gate_fixtures import FakeBackend, candidate, policy_for, question, setup
 

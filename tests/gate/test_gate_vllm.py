@@ -5,14 +5,15 @@ import json
 
 import pytest
 
-from pipelines import registry, tracking
+from pipelines.adapters import registry
+from pipelines import tracking
 from pipelines.deploy import admin
 from pipelines.deploy.vllm_server import start_vllm, stop_vllm
-from pipelines.gate.config import GateConfig
+from pipelines.config.gate import GateConfig
 from pipelines.gate.evaluate import VllmBackend, evaluate_suite
 from pipelines.gate.run import gate_name, run_gate
-from pipelines.gate.suites import load_suites
-from pipelines.train.adapters import AdapterStore
+from pipelines.evals.suites import load_suites
+from pipelines.adapters.store import AdapterStore
 from tests.deploy.test_vllm import make_adapter, needs_vllm
 
 PROMPTS = ["What is the weather in Oslo?", "Say hello.", "Tell me about a refund.", "Explain the invoice briefly.",

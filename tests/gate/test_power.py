@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipelines.gate import power
-from pipelines.gate.config import GateConfig
+from pipelines.config.gate import GateConfig
 from pipelines.gate.decide import decide, judge_suite
 from pipelines.gate.stats import paired_bootstrap
 

@@ -15,9 +15,9 @@ import random
 
 import pytest
 
-from pipelines import registry
+from pipelines.adapters import registry
 from pipelines.contract.behaviour import tool_use
-from pipelines.gate.config import GateConfig
+from pipelines.config.gate import GateConfig
 from pipelines.gate.run import run_gate
 from pipelines.models.tiny_corpus import TOOLS, _sentence
 from pipelines.reward import rules
@@ -73,9 +73,9 @@ def test_a_reward_that_pays_broken_calls_is_caught_by_the_signature(tmp_path, ml
     from pipelines.gate.evaluate import VllmBackend
     from pipelines.models.tiny import make_tiny_llama
     from pipelines.sim.policy import HFPolicy
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
     from pipelines.train.batch import TrainTurn
-    from pipelines.train.config import OptimizerSettings, TrainConfig
+    from pipelines.config.train import OptimizerSettings, TrainConfig
     from pipelines.train.step import train_step
 
     with pytest.raises(ValueError, match="invalid_arguments"):

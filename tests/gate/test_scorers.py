@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pipelines.gate.scorers import parse_scorer, score, token_f1
-from pipelines.gate.suites import Item
+from pipelines.evals.scorers import parse_scorer, score, token_f1
+from pipelines.evals.suites import Item
 
 WEATHER = [{"name": "get_weather", "parameters": {"type": "object", "required": ["city"],
                                                   "properties": {"city": {"type": "string"}},
@@ -82,7 +82,7 @@ def test_llm_judge_against_an_openai_compatible_endpoint():
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from pipelines.gate.scorers import Judge
+    from pipelines.evals.scorers import Judge
 
     seen = []
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pipelines.contract.behaviour import classify, is_clarify, is_refusal, tool_use
-from pipelines.gate.config import GateConfig, SignatureConfig
+from pipelines.config.gate import GateConfig, SignatureConfig
 from pipelines.gate.decide import PROMOTE, REJECT, decide, judge_suite
 from pipelines.gate.signatures import compare_signatures, fisher_greater, mcnemar_greater
 from pipelines.gate.stats import paired_bootstrap

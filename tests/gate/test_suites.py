@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.gate.config import GateConfig
-from pipelines.gate.contamination import eval_hashes, exclude_eval_turns, find_contamination
+from pipelines.config.gate import GateConfig
+from pipelines.evals.contamination import eval_hashes, exclude_eval_turns, find_contamination
 from pipelines.gate.decide import HOLD, PROMOTE, REJECT, decide, judge_suite
 from pipelines.gate.stats import paired_bootstrap
-from pipelines.gate.suites import load_suite, load_suites, prompt_hash
+from pipelines.evals.suites import load_suite, load_suites
+from pipelines.evals.hashing import prompt_hash
 
 REPO = Path(__file__).resolve().parents[2]
 

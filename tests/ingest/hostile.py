@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.contract.events import Feedback, Message, ModelTurn, SessionEnd, ToolCall
-from pipelines.ingest.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
+from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.query import TYPED_VIEWS, connect
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 

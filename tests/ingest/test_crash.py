@@ -64,7 +64,7 @@ def start_ingest(cfg, tmp_path: Path, failpoint: str | None, tag: str) -> subpro
     if failpoint:
         env["TRACERL_FAILPOINT"] = failpoint
     with open(tmp_path / "ingest.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "ingest", "--topic", cfg.kafka.topic,
+        return subprocess.Popen([sys.executable, "-m", "tracerl.cli", "ingest", "--topic", cfg.kafka.topic,
                                  "--group", cfg.kafka.group_id], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

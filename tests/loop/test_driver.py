@@ -12,7 +12,7 @@ import pytest
 
 from assets.driver import LoopBusy, run_iteration, target_lock
 from assets.resources import TracerlResource
-from pipelines import cli
+from tracerl import cli
 from pipelines.config import load_config
 
 

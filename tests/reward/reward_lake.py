@@ -11,7 +11,7 @@ from pathlib import Path
 from pipelines.contract.events import Event, Feedback, Message, ModelTurn, SessionEnd, ToolCall
 from pipelines.contract.validate import parse_time
 from pipelines.ingest.decode import hot_fields
-from pipelines.ingest.tables import EVENTS_SCHEMA, Columns
+from pipelines.lake.tables import EVENTS_SCHEMA, Columns
 from pipelines.lake.store import EVENTS, Lake
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)

@@ -19,7 +19,8 @@ from reward_lake import end, fb, land, now, tool, turn
 from pipelines.lake.store import EVENTS
 from pipelines.reward import reference, rules
 from pipelines.reward.engine import run_rewards
-from pipelines.reward.spec import COMPONENTS, SpecBook
+from pipelines.lake.tables import COMPONENTS
+from pipelines.reward.spec import SpecBook
 
 LATE = now(6 * 3600)  # every window has passed
 QUESTION = "Want me to also check the delivery date?"

@@ -11,19 +11,19 @@ from pipelines.contract.events import Feedback
 from pipelines.lake.store import Lake
 from pipelines.reward import engine
 from pipelines.reward.engine import ConcurrentRewardRun, run_rewards
-from pipelines.reward.query import register_views
+from pipelines.lake.query import register_reward_views
 from pipelines.reward.spec import SpecBook
 
 LATE = now(6 * 3600)  # every window has passed
 
 
 def rows(root) -> dict[str, dict]:
-    con = register_views(duckdb.connect(), root)
+    con = register_reward_views(duckdb.connect(), root)
     return {r["turn_id"]: r for r in con.sql("SELECT * FROM rewards").to_arrow_table().to_pylist()}
 
 
 def corrections(root) -> list[dict]:
-    con = register_views(duckdb.connect(), root)
+    con = register_reward_views(duckdb.connect(), root)
     return con.sql("SELECT * FROM reward_corrections ORDER BY event_time, turn_id, component") \
               .to_arrow_table().to_pylist()
 
@@ -212,7 +212,7 @@ def test_each_turn_is_written_once_and_runs_read_only_new_files(lake_root):
     land(lake_root, [fb("b", "accept", t=3100)])
     r3 = run_rewards(lake_root, now=LATE)
     assert (r3.new_files, r3.new_signals, r3.settled) == (1, 1, 1)
-    con = register_views(duckdb.connect(), lake_root)
+    con = register_reward_views(duckdb.connect(), lake_root)
     assert con.sql("SELECT count(*), count(DISTINCT turn_id) FROM rewards WHERE settled").fetchall() == [(2, 2)]
     assert con.sql("SELECT count(*) FROM rewards WHERE NOT settled").fetchall() == [(0,)]
 

@@ -11,8 +11,17 @@ from pipelines.reward import rules
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipelines.lake.tables import COMPONENTS
 from pipelines.reward.spec import (
-    COMPONENTS, Discounted, Dodge, LastTurn, RewardSpec, SpecBook, Tools, Uniform, Weights, load_spec_book,
+    Discounted,
+    Dodge,
+    LastTurn,
+    RewardSpec,
+    SpecBook,
+    Tools,
+    Uniform,
+    Weights,
+    load_spec_book,
 )
 
 SPEC = RewardSpec()

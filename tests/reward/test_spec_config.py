@@ -12,7 +12,7 @@ import pytest
 
 from assets.resources import TracerlResource
 from assets.reward import turn_rewards
-from pipelines.cli import main
+from tracerl.cli import main
 from pipelines.config import TracerlConfig, load_config
 from pipelines.lake.query import connect
 from pipelines.reward.spec import fallback_spec_path, reward_spec_book, spec_path

@@ -14,7 +14,8 @@ from pipelines.ingest.sample import generate
 from pipelines.lake.store import EVENTS, Lake
 from pipelines.reward import reference
 from pipelines.reward.engine import run_rewards
-from pipelines.reward.spec import COMPONENTS, SpecBook
+from pipelines.lake.tables import COMPONENTS
+from pipelines.reward.spec import SpecBook
 
 START = datetime(2026, 11, 1, tzinfo=timezone.utc)
 KEYS = ["tenant", "app", "task", "trace_id", "turn_id", "turn_index", "turn_time", *COMPONENTS,

@@ -22,7 +22,7 @@ from pipelines.contract.events import Event
 from pipelines.lake.store import EVENTS
 from pipelines.reward import reference
 from pipelines.reward.engine import run_rewards
-from pipelines.reward.query import register_views
+from pipelines.lake.query import register_reward_views
 from pipelines.reward.spec import SpecBook
 
 A, B = "acme", "globex"
@@ -65,7 +65,7 @@ def run_all(root: Path, batches: list[list[Event]]) -> None:
 
 def tenant_view(root: Path, tenant: str = A) -> tuple[list[dict], list[dict]]:
     """(rewards, corrections) of one tenant, every column but the run's own stamps."""
-    con = register_views(duckdb.connect(), root)
+    con = register_reward_views(duckdb.connect(), root)
 
     def q(sql: str) -> list[dict]:
         cur = con.execute(sql + " WHERE tenant = ? ORDER BY ALL", [tenant])
@@ -158,7 +158,7 @@ def test_two_tenants_with_the_same_event_id_in_one_batch_both_count(lake_root):
     land(lake_root, both)
     r = run_rewards(lake_root, SpecBook(), now=NOWS[-1])
     assert r.settled == 2 and not r.corrections
-    con = register_views(duckdb.connect(), lake_root)
+    con = register_reward_views(duckdb.connect(), lake_root)
     got = con.execute("SELECT tenant, turn_id, thumbs, total FROM rewards ORDER BY tenant").fetchall()
     assert got == [(A, "t1", 1.0, 1.0), (B, "t1", -1.0, -1.0)]
 

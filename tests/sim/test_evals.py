@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.gate.scorers import score
-from pipelines.gate.suites import load_suites
+from pipelines.evals.scorers import score
+from pipelines.evals.suites import load_suites
 from pipelines.sim.evals import write_suite
 from pipelines.sim.families import Reply, families
 

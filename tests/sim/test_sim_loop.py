@@ -12,7 +12,7 @@ from pipelines.sim.families import FollowUp, Tools
 from pipelines.sim.loop import SimTask, iterate, turn_events
 from pipelines.sim.policy import HFPolicy, Sample
 from pipelines.sim.sessions import Signal, TurnRecord, UserModel
-from pipelines.train.config import OptimizerSettings, TrainConfig
+from pipelines.config.train import OptimizerSettings, TrainConfig
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from pipelines.train.adapters import META, READY, AdapterStore, check_id, write_folder_atomically
+from pipelines.adapters.store import META, READY, AdapterStore, check_id, write_folder_atomically
 
 
 def _peft_folder(path, tag: str):

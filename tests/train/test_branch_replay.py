@@ -14,19 +14,21 @@ from datetime import timedelta
 import duckdb
 import pytest
 
-from pipelines import registry
+from pipelines.adapters import registry
 from pipelines.config import TracerlConfig
 from pipelines.contract.events import Message, ModelTurn
-from pipelines.gate import promote as gate_reg
+from pipelines.adapters import promote as gate_reg
 from pipelines.models.tiny import make_tiny_llama
 from pipelines.reward.engine import run_rewards
 from pipelines.tracking import client
-from pipelines.train.adapters import AdapterStore
+from pipelines.adapters.store import AdapterStore
 from pipelines.train.batch import TrainTurn
-from pipelines.train.config import OptimizerSettings, TrainConfig
+from pipelines.config.train import OptimizerSettings, TrainConfig
 from pipelines.train.optim_state import OPTIMIZER_FILE
 from pipelines.train.replay import ReplayTurn, max_replay_age, prioritize, replay_weight
-from pipelines.train.run import LEDGER_SCHEMA, TRAINED_TURNS, _ledger_source, run_learner
+from pipelines.lake.tables import LEDGER_SCHEMA
+from pipelines.lake.ledger import TRAINED_TURNS, ledger_source
+from pipelines.train.run import run_learner
 from tests.reward.reward_lake import ENV, at, fb, land, now
 
 TENANT, TASK = ENV["tenant"], ENV["task"]
@@ -86,7 +88,7 @@ def _reject(cfg, r) -> None:
 
 def _ledger(cfg) -> list[tuple]:
     con = duckdb.connect()
-    return con.execute(f"SELECT turn_id, adapter_version, use, weight FROM {_ledger_source(cfg.lake)} "
+    return con.execute(f"SELECT turn_id, adapter_version, use, weight FROM {ledger_source(cfg.lake)} "
                        f"ORDER BY adapter_version, turn_id").fetchall()
 
 

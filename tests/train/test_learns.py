@@ -19,8 +19,8 @@ from pipelines.models.registry import resolve_base_model
 from pipelines.sim.env import HiddenPreference
 from pipelines.sim.loop import SimTask, held_out_reward, iterate
 from pipelines.sim.policy import HFPolicy
-from pipelines.train.adapters import AdapterStore
-from pipelines.train.config import OptimizerSettings, TrainConfig
+from pipelines.adapters.store import AdapterStore
+from pipelines.config.train import OptimizerSettings, TrainConfig
 
 ITERATIONS, EVAL_SEEDS = 4, 5
 

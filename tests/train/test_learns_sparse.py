@@ -23,7 +23,7 @@ from pipelines.sim.families import family
 from pipelines.sim.loop import SimTask, held_out_reward, iterate
 from pipelines.sim.policy import HFPolicy
 from pipelines.sim.sessions import UserModel
-from pipelines.train.config import OptimizerSettings, TrainConfig
+from pipelines.config.train import OptimizerSettings, TrainConfig
 
 ITERATIONS, EVAL_SEEDS = 5, 4
 EXPLICIT_RATE = 0.3

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.train.config import KTOObjective, PolicyGradientObjective
+from pipelines.config.train import KTOObjective, PolicyGradientObjective
 from pipelines.train.losses import (
     compute_advantages,
     kto_loss,

@@ -12,10 +12,16 @@ pytest.importorskip("peft")
 from pipelines.models.registry import base_model_hash  # noqa: E402
 from pipelines.models.tiny import make_tiny_llama  # noqa: E402
 from pipelines.train.batch import TrainTurn, collate, encode_turns  # noqa: E402
-from pipelines.train.config import (  # noqa: E402
-    KTOObjective, OptimizerSettings, PolicyGradientObjective, StalenessSettings, TrainConfig)
+from pipelines.config.train import (  # noqa: E402
+    KTOObjective,
+    OptimizerSettings,
+    PolicyGradientObjective,
+    StalenessSettings,
+    TrainConfig,
+)
 from pipelines.train.losses import token_logprobs  # noqa: E402
-from pipelines.train.step import build_policy, parse_version, train_step  # noqa: E402
+from pipelines.train.step import build_policy, train_step  # noqa: E402
+from pipelines.adapters.version import parse_version  # noqa: E402
 
 MESSAGES = [[{"role": "user", "content": "Is the sky blue?"}],
             [{"role": "user", "content": "What is 2 plus 2?"}]]

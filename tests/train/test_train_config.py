@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.train.config import (
+from pipelines.config.train import (
     KTOObjective,
     LoraSettings,
     OptimizerSettings,
@@ -84,7 +84,7 @@ def test_lora_to_peft():
 
 
 def test_config_and_model_registry_do_not_import_torch():
-    code = ("import sys, pipelines.train.config, pipelines.models; "
+    code = ("import sys, pipelines.config.train, pipelines.models; "
             "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])

@@ -22,43 +22,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tomllib
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.gate.scorers import Scorer, parse_scorer
+from pipelines.evals.hashing import prompt_hash
+from pipelines.evals.scorers import Scorer, parse_scorer
 
 ROLES = ("primary", "guardrail")
 TEMPLATE = "_template"          # <suites_dir>/_template/: the scaffold (not a tenant: ids start alnum)
 PLACEHOLDER = "placeholder"     # an item field: true on the template's example items
 REFUSE_PLACEHOLDERS = ("the gate will refuse to promote on the template's placeholder items until "
                        "they are replaced")
-_WS = re.compile(r"\s+")
-
-
-def normalize(text: str) -> str:
-    """NFKC, casefold, collapse whitespace, strip: 'Hello  World ' == 'hello world'."""
-    return _WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
-
-
-def prompt_hash(messages: list[dict[str, Any]]) -> str:
-    """sha256 of the normalized (role, content) list: the item id MLflow sees, and the key the
-    learner's exclusion and the gate's contamination check match on."""
-    canon = [[str(m.get("role", "")), normalize(str(m.get("content") or ""))] for m in messages]
-    return hashlib.sha256(json.dumps(canon, separators=(",", ":")).encode()).hexdigest()
-
-
-def last_user_hash(messages: list[dict[str, Any]]) -> str | None:
-    """sha256 of the last user message alone (catches an eval prompt under another system prompt)."""
-    users = [m for m in messages if m.get("role") == "user"]
-    if not users:
-        return None
-    return hashlib.sha256(("user:" + normalize(str(users[-1].get("content") or ""))).encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class Item:
     messages: list[dict[str, Any]]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 if TYPE_CHECKING:
-    from pipelines.gate.suites import Item
+    from pipelines.evals.suites import Item
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Eval items are never trained on: the learner drops matching turns; the gate re-checks.
 
 A turn matches an eval item when its normalized input messages hash equal to the item's
-(``suites.prompt_hash``), or its last user message equals the item's last user message
-(``suites.last_user_hash``: the same question under another system prompt).
+(``hashing.prompt_hash``), or its last user message equals the item's last user message
+(``hashing.last_user_hash``: the same question under another system prompt).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-from pipelines.gate.suites import Suite, last_user_hash, load_suites, prompt_hash
+from pipelines.evals.suites import Suite, load_suites
+from pipelines.evals.hashing import last_user_hash, prompt_hash
 
 T = TypeVar("T")
 
@@ -71,16 +72,16 @@ def trained_prompts(cfg: Any, tenant: str, task: str, adapter_versions: list[int
     import pyarrow as pa
 
     from pipelines.lake.query import connect
-    from pipelines.train.run import TRAINED_TURNS, _ledger_source
+    from pipelines.lake.ledger import has_ledger, ledger_source
 
-    if not adapter_versions or not any((cfg.lake / TRAINED_TURNS).rglob("*.parquet")):
+    if not adapter_versions or not has_ledger(cfg.lake):
         return []  # no ledger yet: nothing was trained
     con = connect(cfg.lake)
     con.register("_versions", pa.table({"v": pa.array(adapter_versions, pa.int64())}))
     rows = con.execute(f"""
         SELECT DISTINCT t.input_messages::VARCHAR FROM turns t
         WHERE t.tenant = ? AND t.task = ? AND t.turn_id IN (
-            SELECT l.turn_id FROM {_ledger_source(cfg.lake)} AS l
+            SELECT l.turn_id FROM {ledger_source(cfg.lake)} AS l
             WHERE l.tenant = ? AND l.task = ? AND l.adapter_version IN (SELECT v FROM _versions))""",
                        [tenant, task, tenant, task]).fetchall()
     return [json.loads(r[0]) for r in rows]

@@ -47,9 +47,10 @@ def start(cfg: TracerlConfig, name: str) -> str:
         g = start_gateway(cfg, config_path=os.environ.get("TRACERL_CONFIG"))
         return f"{g.url} (pid {g.pid}); admin key in {cfg.home / 'gateway' / 'admin.key'} unless configured"
     if name == "dagster":
+        from pipelines.reward.spec import fallback_spec_path
         from pipelines.services.dagster import dagster_home, start_dagster
 
-        d = start_dagster(cfg)
+        d = start_dagster(cfg, reward_spec=fallback_spec_path())
         return f"{d.url} (webserver + daemon, DAGSTER_HOME={dagster_home()}, pid {d.pid}, log {d.log})"
     raise ValueError(f"unknown service {name!r}; one of {SERVICES}")
 

@@ -1,4 +1,7 @@
-"""The registry side of the gate: version tags, aliases, review approval, rollback.
+"""Every move of the registry's aliases: the gate's promote, review approval, operator deploy, rollback.
+
+It sits with the adapters (not in the gate) because the gate, the deployer's operations and
+reconcile, and the CLI all move or read the alias: none of them imports another for it.
 
 The registry's ``champion`` alias is the one record of what should serve; the gateway follows
 it (pipelines/deploy/reconcile.py). Everything that moves it goes through ``move_champion``,
@@ -21,7 +24,9 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from pipelines.config import TracerlConfig
-from pipelines.registry import CHALLENGER, CHAMPION, model_name
+from pipelines.adapters.registry import CHALLENGER, CHAMPION, model_name
+from pipelines.adapters.version import label
+from pipelines.adapters.version import tag_version as adapter_of
 from pipelines.tracking import client
 
 Deploy = Callable[[str, str, int], Any]  # (tenant, task, adapter_version): make it live in vLLM
@@ -83,10 +88,6 @@ def note_history(cfg: TracerlConfig, tenant: str, task: str, version: str, entry
     set_tags(cfg, tenant, task, version, {HISTORY: HISTORY_SEP.join(entries)})
 
 
-def adapter_of(mv: Any) -> int:
-    return int(mv.tags["adapter_version"])
-
-
 def move_champion(cfg: TracerlConfig, tenant: str, task: str, version: str, *, action: str, who: str,
                   why: str = "", extra_tags: dict[str, Any] | None = None) -> dict[str, Any]:
     """Point ``champion`` at ``version`` and record the move on the versions it touches: the one
@@ -102,10 +103,10 @@ def move_champion(cfg: TracerlConfig, tenant: str, task: str, version: str, *, a
     if action != "rollback":  # a rollback target keeps the status and previous champion it had
         tags.update({STATUS: PROMOTED, "tracerl.promoted_by": who, PREVIOUS: old.version if old is not None else ""})
     set_tags(cfg, tenant, task, version, tags)
-    was = f"v{adapter_of(old)}" if old is not None else "base"
+    was = label(adapter_of(old)) if old is not None else label(None)
     note_history(cfg, tenant, task, version, f"became champion (was {was}): {reason}")
     if old is not None and str(old.version) != str(version):
-        note_history(cfg, tenant, task, old.version, f"lost champion to v{adapter_of(mv)}: {reason}")
+        note_history(cfg, tenant, task, old.version, f"lost champion to {label(adapter_of(mv))}: {reason}")
     return {"model": name, "champion": str(version), "previous": old.version if old else None,
             "adapter_version": adapter_of(mv), "previous_adapter_version": adapter_of(old) if old else None,
             "reason": reason}

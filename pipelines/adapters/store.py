@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pipelines.adapters.version import folder_version, label, lora_name
 from pipelines.durable import fsync_tree
 
 READY = "READY"
@@ -30,7 +31,6 @@ PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 REQUIRED_META = ("parent_version", "base_model_hash", "data_window", "reward_spec_version", "config", "metrics")
 # Used with fullmatch only: `$` would also match before a trailing newline ("acme\n").
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no '/', no leading '.', so no '..'
-_VERSION_DIR = re.compile(r"v([0-9]+)")
 
 
 def check_id(value: str, what: str) -> str:
@@ -72,7 +72,7 @@ class AdapterVersion:
     @property
     def name(self) -> str:
         """The vLLM ``lora_name``: '<tenant>/<task>/v<N>'."""
-        return f"{self.tenant}/{self.task}/v{self.version}"
+        return lora_name(self.tenant, self.task, self.version)
 
 
 class AdapterStore:
@@ -101,9 +101,9 @@ class AdapterStore:
             return []
         nums = []
         for child in folder.iterdir():
-            m = _VERSION_DIR.fullmatch(child.name)
-            if m and child.is_dir() and (not ready_only or (child / READY).is_file()):
-                nums.append(int(m.group(1)))
+            n = folder_version(child.name)
+            if n is not None and child.is_dir() and (not ready_only or (child / READY).is_file()):
+                nums.append(n)
         return sorted(nums)
 
     def next_version(self, tenant: str, task: str) -> int:
@@ -143,13 +143,13 @@ class AdapterStore:
                 (tmp / META).write_text(text)
                 (tmp / READY).write_text(json.dumps({"version": version}) + "\n")  # last
 
-            write_folder_atomically(self._task_dir(tenant, task) / f"v{version}", fill)
+            write_folder_atomically(self._task_dir(tenant, task) / label(version), fill)
         return self.get(tenant, task, version)  # re-read: exactly what readers will see
 
     def get(self, tenant: str, task: str, version: int) -> AdapterVersion:
-        path = self._task_dir(tenant, task) / f"v{int(version)}"
+        path = self._task_dir(tenant, task) / label(version)
         if not (path / READY).is_file():
-            raise KeyError(f"{tenant}/{task}/v{version} is not a published adapter (no {READY} in {path})")
+            raise KeyError(f"{lora_name(tenant, task, version)} is not a published adapter (no {READY} in {path})")
         meta = json.loads((path / META).read_text())
         return AdapterVersion(tenant, task, int(version), path, meta)
 

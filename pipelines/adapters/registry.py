@@ -3,7 +3,7 @@
 Each candidate adapter is a model version (source = the learner run's `adapter`
 artifact), tagged with its lineage. Aliases (`champion`, `challenger`) say what is
 live and what is under review; stages are deprecated and unused. The adapter
-store (`pipelines/train/adapters.py`) holds the files that vLLM loads; the
+store (`pipelines/adapters/store.py`) holds the files that vLLM loads; the
 version tag `adapter_version` links the two.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipelines.adapters.version import tag_version
 from pipelines.config import TracerlConfig
 from pipelines.tracking import client
 
@@ -48,7 +49,7 @@ def adapter_for_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str = C
         mv = client(cfg).get_model_version_by_alias(model_name(tenant, task), alias)
     except MlflowException:
         return None
-    return int(mv.tags["adapter_version"])
+    return tag_version(mv)
 
 
 def set_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str, registry_version: str) -> None:

@@ -8,13 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+from pipelines.adapters.version import label
 from pipelines.config import TracerlConfig, load_config
 
-from pipelines.services.stack import SERVE, SERVICES
+from pipelines.stack import SERVE, SERVICES
 
 
 def cmd_start(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.services import stack
+    from pipelines import stack
 
     for name in [s for s in SERVICES if s in args.services]:
         print(f"{name + ':':9} {stack.start(cfg, name)}", flush=True)
@@ -22,7 +23,7 @@ def cmd_start(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_stop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.services import stack
+    from pipelines import stack
 
     for name in [s for s in reversed(SERVICES) if s in args.services]:
         print(f"{name + ':':9} {'stopped' if stack.stop(cfg, name) else 'was not running'}")
@@ -30,7 +31,7 @@ def cmd_stop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.services import stack
+    from pipelines import stack
 
     for name in SERVICES:
         print(f"{name + ':':9} {stack.status(cfg, name)}")
@@ -166,8 +167,8 @@ def cmd_tenant_list(cfg: TracerlConfig, args: argparse.Namespace) -> int:
             suite = "-" if k is None else (f"invalid: {k.suite_error}" if k.suite_error else "none" if k.items is None
                                            else f"{k.items} items" + (f" ({k.placeholders} placeholders)"
                                                                       if k.placeholders else ""))
-            rows.append((t.tenant, k.task if k else "-", f"v{k.champion}" if k and k.champion else "-",
-                         f"v{k.serving}" if k and k.serving else "-", key, suite))
+            rows.append((t.tenant, k.task if k else "-", label(k.champion) if k and k.champion else "-",
+                         label(k.serving) if k and k.serving else "-", key, suite))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
@@ -253,7 +254,7 @@ def cmd_train(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_adapters(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.train.adapters import AdapterStore
+    from pipelines.adapters.store import AdapterStore
 
     store = AdapterStore(cfg.adapter_root)
     for v in store.list(args.tenant, args.task):

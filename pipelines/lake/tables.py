@@ -1,0 +1,141 @@
+"""Arrow schemas of every lake dataset (events, quarantine, rewards, corrections, the
+trained-turns ledger), the reward datasets' names and snapshot state, and rows -> tables.
+
+`events` keeps typed envelope columns for partition pruning and joins, plus
+`payload`: the event's JSON exactly as the producer sent it. Keeping the raw
+JSON means a field added by a newer producer survives ingest untouched; the
+DuckDB views (`pipelines/lake/query.py`) give each event type typed columns.
+`tenant` and `date` are not stored in the files: they are hive partitions.
+
+A few *hot* fields are also stored as typed columns (`HOT_COLUMNS`, filled by
+`decode.hot_fields`), so the reward extraction and the views read columns
+instead of parsing every payload. They are copies: `payload` stays the source
+of truth. They came with lake format 2 (pre-release, no format-1 lake was
+deployed): a format-1 file beside format-2 files reads NULL in them, and a lake
+of format-1 files only does not bind; re-ingest it from Kafka.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from pipelines.lake.store import Manifest
+
+TS = pa.timestamp("ms", tz="UTC")
+
+# Hot fields, NULL where the event type has no such field (`decode.hot_fields` fills them, in this order).
+HOT_COLUMNS = [
+    ("kind", pa.string()),          # feedback: kind; tool_call, session_end: outcome
+    ("value", pa.float64()),        # feedback
+    ("scale_min", pa.float64()),    # feedback
+    ("scale_max", pa.float64()),    # feedback
+    ("sentiment", pa.string()),     # feedback
+    ("task_success", pa.bool_()),   # session_end
+    ("call_id", pa.string()),       # tool_call
+    ("attempt", pa.int32()),        # tool_call, as sent (NULL if absent); out of int32 range -> NULL
+    ("turn_index", pa.int32()),     # model_turn; out of int32 range -> NULL
+    ("latency_ms", pa.float64()),   # model_turn, tool_call
+    ("output_text", pa.string()),   # model_turn
+]
+
+EVENTS_SCHEMA = pa.schema([
+    ("event_id", pa.string()),
+    ("type", pa.string()),
+    ("schema_version", pa.int32()),
+    ("app", pa.string()),
+    ("task", pa.string()),
+    ("trace_id", pa.string()),
+    ("turn_id", pa.string()),
+    ("event_time", TS),
+    ("payload", pa.string()),
+    ("kafka_topic", pa.string()),
+    ("kafka_partition", pa.int32()),
+    ("kafka_offset", pa.int64()),
+    ("ingested_at", TS),
+    ("run_id", pa.string()),
+    *[pa.field(n, t) for n, t in HOT_COLUMNS],
+])
+
+QUARANTINE_SCHEMA = pa.schema([
+    ("reason", pa.string()),
+    ("error", pa.string()),
+    ("raw_value", pa.binary()),
+    ("raw_key", pa.binary()),
+    ("kafka_topic", pa.string()),
+    ("kafka_partition", pa.int32()),
+    ("kafka_offset", pa.int64()),
+    ("kafka_timestamp", TS),
+    ("quarantined_at", TS),
+    ("run_id", pa.string()),
+])
+
+
+class Columns:
+    """Column-wise accumulator: appending to lists beats building row dicts."""
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.cols: dict[str, list] = {name: [] for name in schema.names}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.cols.values())))
+
+    def table(self) -> pa.Table:
+        return pa.table({n: pa.array(v, type=self.schema.field(n).type) for n, v in self.cols.items()},
+                        schema=self.schema)
+
+
+# --- The reward stage's datasets (written by `pipelines/reward/engine.py`) ---
+REWARDS = "rewards"                    # settled turns, append-only: tenant=/date=/
+CORRECTIONS = "reward_corrections"     # events after their turn settled, or that never found it
+PROVISIONAL = "reward_provisional"     # snapshot=<seq>/: open turns, located by the latest reward manifest
+PENDING = "reward_pending"             # snapshot=<seq>/: signals waiting for their turn to settle
+STATE_KEY = "reward_through_seq"       # a reward manifest's count: every manifest up to it was read
+
+# Component columns of the rewards dataset, in order (`pipelines/reward/spec.py` weighs them).
+COMPONENTS = ("thumbs", "rating", "output", "regenerate", "follow_up",
+              "abandon", "session", "tool", "retries", "latency", "length")
+
+TS_US = pa.timestamp("us", tz="UTC")  # the reward datasets' time unit
+REWARD_SCHEMA = pa.schema(
+    [("tenant", pa.string()), ("date", pa.date32()), ("app", pa.string()), ("task", pa.string()),
+     ("trace_id", pa.string()), ("turn_id", pa.string()), ("turn_index", pa.int32()), ("turn_time", TS_US)]
+    + [(c, pa.float64()) for c in COMPONENTS]
+    + [("dodge", pa.string()), ("labelled", pa.bool_()), ("total", pa.float64()), ("settled", pa.bool_()),
+       ("settle_at", TS_US), ("settle_reason", pa.string()), ("spec_version", pa.string()),
+       ("reward_seq", pa.int64()), ("reward_run", pa.string()), ("computed_at", TS_US)])
+CORRECTION_SCHEMA = pa.schema([
+    ("tenant", pa.string()), ("date", pa.date32()), ("event_id", pa.string()), ("event_type", pa.string()),
+    ("kind", pa.string()), ("app", pa.string()), ("task", pa.string()), ("trace_id", pa.string()),
+    ("turn_id", pa.string()), ("event_time", TS_US), ("reason", pa.string()), ("component", pa.string()),
+    ("value", pa.float64()), ("spec_version", pa.string()), ("reward_seq", pa.int64())])
+
+# --- The learner's trained-turns ledger (`pipelines/lake/ledger.py`) ---
+# `use`: 1 = the turn's first training, k = its k-th (replay); 0 = excluded eval prompt.
+# `weight`: the replay age weight it trained with (1 = first use). Ledger files written before
+# these columns lack them (read with union_by_name); use counts are row counts, not `use`.
+LEDGER_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
+                           ("adapter_version", pa.int64()), ("trained_at", pa.timestamp("ms", tz="UTC")),
+                           ("use", pa.int64()), ("weight", pa.float64())])
+
+
+@dataclass
+class RewardState:
+    through_seq: int = 0                 # every manifest up to here has been read
+    manifest: Manifest | None = None     # the latest reward manifest
+
+    def files(self, dataset: str) -> list[str]:
+        return [f["path"] for f in (self.manifest.files if self.manifest else []) if f["dataset"] == dataset]
+
+
+def is_reward_manifest(m: Manifest) -> bool:
+    return STATE_KEY in (m.counts or {})
+
+
+def reward_state(manifests: list[Manifest]) -> RewardState:
+    for m in reversed(manifests):
+        if is_reward_manifest(m):
+            return RewardState(int(m.counts[STATE_KEY]), m)
+    return RewardState()
