@@ -280,6 +280,21 @@ def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
 
 
+def cmd_gate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    """Gate one candidate now; 0 when the gate decided (whatever it decided), 1 on an error."""
+    from pipelines.gate.run import gate_version
+
+    try:
+        summary = gate_version(cfg, args.tenant, args.task, args.version, who=args.who)
+    except LookupError as e:
+        print(f"tracerl gate: {e.args[0]}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1, default=str))
+    print(f"{args.tenant}/{args.task} v{summary['registry_version']}: {summary['outcome']}; "
+          f"serving adapter v{summary['serving']}", file=sys.stderr)
+    return 1 if summary["outcome"] == "error" else 0
+
+
 def cmd_loop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     """One iteration of the closed-loop job for one target, in this process; 0 if the run completed
     (whatever the gate decided), 1 if it failed, 2 if refused (the target has an iteration going)."""
@@ -348,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--who", **who)
         s.add_argument("--why", required=True, help="why (recorded on the model version)")
         s.set_defaults(fn=fn)
+    s = sub.add_parser("gate", help="gate one candidate against the champion on the private evals now; "
+                                    "a promotion serves at once")
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--task", required=True)
+    s.add_argument("--version", type=int, help="adapter version (default: the newest not yet gated)")
+    s.add_argument("--who", **who)
+    s.set_defaults(fn=cmd_gate)
     s = sub.add_parser("swaps", help="every swap: who, when, from, to, outcome")
     s.add_argument("--limit", type=int)
     s.set_defaults(fn=cmd_swaps)

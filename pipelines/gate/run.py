@@ -288,3 +288,40 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
                     "signatures": {g.name: {"candidate": g.candidate, "champion": g.champion, "blocked": g.blocked}
                                    for g in r.decision.signatures}})
     return out
+
+
+def undecided_version(cfg: TracerlConfig, tenant: str, task: str) -> str | None:
+    """The newest registered version the gate has not decided on (no decision or status tag, not the
+    champion: the bootstrap's version 1 is champion without a gate), or None."""
+    from pipelines.tracking import client
+
+    champ = reg.alias_version(cfg, tenant, task, CHAMPION)
+    versions = client(cfg).search_model_versions(f"name = '{model_name(tenant, task)}'")
+    open_ = [mv for mv in versions if not mv.tags.get(reg.DECISION) and not mv.tags.get(reg.STATUS)
+             and (champ is None or str(mv.version) != str(champ.version))]
+    return str(max(open_, key=lambda mv: int(mv.version)).version) if open_ else None
+
+
+def gate_version(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int | None = None,
+                 who: str = "cli") -> dict[str, Any]:
+    """Gate one candidate from outside a loop run (``tracerl gate``): the adapter version given, else
+    the newest one not yet decided; on a promotion the gateway is reconciled to the new champion at
+    once, as the loop's `deployment` asset would. Returns the gate's summary plus ``serving``."""
+    from pipelines.adapters.registry import adapter_for_alias, version_for_adapter
+    from pipelines.deploy.reconcile import reconcile
+
+    if adapter_version is None:
+        registry_version = undecided_version(cfg, tenant, task)
+        if registry_version is None:
+            raise LookupError(f"{model_name(tenant, task)}: no registered version waits for the gate; "
+                              f"name one with --version")
+    else:
+        mv = version_for_adapter(cfg, tenant, task, adapter_version)
+        if mv is None:
+            raise LookupError(f"{model_name(tenant, task)}: adapter {label(adapter_version)} is not registered")
+        registry_version = str(mv.version)
+    (summary,) = gate_candidates(cfg, [{"tenant": tenant, "task": task, "registry_version": registry_version}])
+    if summary["outcome"] == PROMOTE:
+        summary["reconcile"] = reconcile(cfg, [(tenant, task)], who=f"gate ({who})").to_dict()
+    summary["serving"] = adapter_for_alias(cfg, tenant, task, CHAMPION)
+    return summary

@@ -355,3 +355,34 @@ def test_gateway_down_the_alias_moves_and_the_route_waits(tmp_path, monkeypatch,
     report = reconcile(cfg)                                                # every target, still waiting
     assert [(t.key, t.outcome) for t in report.targets] == [("acme/support", "waiting")]
     assert not report.gateway_running and routes.read_text() == before
+
+
+@pytest.mark.slow
+def test_tracerl_gate_decides_the_newest_ungated_candidate_on_the_real_vllm(env, tmp_path, monkeypatch, capsys):
+    """`tracerl gate` runs the real gate (the stack's vLLM, private suites) on the newest candidate the
+    gate has not decided, records the decision on its model version, serves it only if promoted, and
+    then has nothing left to gate."""
+    import json
+
+    from tests.gate.gate_fixtures import write_suites
+
+    tenant, task = tenant_task()
+    write_suites(tmp_path / "evals", tenant, task)
+    toml = tmp_path / "tracerl.toml"
+    toml.write_text(env.toml.read_text() + f'[train]\nbase_model = "{env.base}"\n'
+                    f'[gate]\nsuites_dir = "{tmp_path / "evals"}"\nmax_tokens = 16\n')
+    monkeypatch.setenv("TRACERL_CONFIG", str(toml))
+    _, v1 = first_champion(env, tenant, task)
+    rv2, v2 = publish(env, tenant, task, seed=2)
+    capsys.readouterr()
+
+    assert cli("gate", "--tenant", tenant, "--task", task, "--who", "ci") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["registry_version"] == str(rv2) and summary["outcome"] in ("promote", "reject", "hold")
+    assert tags(env, tenant, task, rv2)["tracerl.gate.decision"] == summary["outcome"]
+    served = v2 if summary["outcome"] == "promote" else v1
+    assert summary["serving"] == served == champion(env, tenant, task) == env.live(tenant, task)
+
+    assert cli("gate", "--tenant", tenant, "--task", task) == 2  # nothing waits for the gate now
+    assert "no registered version waits" in capsys.readouterr().err
+    assert cli("gate", "--tenant", tenant, "--task", task, "--version", "99") == 2
