@@ -6,17 +6,36 @@ directly by the library; `tracerl start mlflow` serves the same store in the UI.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 from pipelines.config import TracerlConfig
 
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+
+
+def use_store(uri: str) -> None:
+    """Point MLflow's fluent API (mlflow.start_run, log_*) at ``uri`` without exporting it.
+
+    MLflow 3's ``set_tracking_uri`` also sets MLFLOW_TRACKING_URI in os.environ, which
+    ``load_config`` reads as an override of tracerl.toml: a process that later loads another
+    config (a CLI call in a test, a Dagster run after a first one) would silently keep the first
+    store. MLflow keeps the URI in its own global too, so the env var is put back as it was."""
+    import mlflow
+
+    before = os.environ.get(TRACKING_ENV)
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop(TRACKING_ENV, None)
+    else:
+        os.environ[TRACKING_ENV] = before
+
 
 def client(cfg: TracerlConfig):
-    import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(cfg.tracking_uri)
+    use_store(cfg.tracking_uri)
     return MlflowClient(cfg.tracking_uri)
 
 

@@ -89,7 +89,10 @@ def stack(tmp_path_factory, broker):
     toml = root / "tracerl.toml"
     toml.write_text(f'home = "{home}"\n[kafka]\nbootstrap_servers = "{broker.bootstrap}"\n'
                     f'topic = "t-{uuid.uuid4().hex[:10]}"\n[mlflow]\ntracking_uri = "sqlite:///{home}/mlflow.db"\n')
-    cfg = load_config(toml)
+    with pytest.MonkeyPatch.context() as mp:  # the toml alone names the store, whatever ran before
+        for name in ("MLFLOW_TRACKING_URI", "TRACERL_HOME", "TRACERL_CONFIG"):
+            mp.delenv(name, raising=False)
+        cfg = load_config(toml)
     ensure_topic(cfg)
     base = make_tiny_llama(root / "tiny", warmup_steps=20)
     sources = {seed: make_adapter(base, root / f"src-{seed}", seed=seed) for seed in (1, 2, 3)}
