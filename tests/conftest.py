@@ -24,6 +24,27 @@ def broker(tmp_path_factory) -> BrokerState:
     stop_broker(cfg)
 
 
+def write_stack_toml(folder: Path, bootstrap: str, name: str, extra: str = "") -> Path:
+    """``folder/tracerl.toml`` for a test's own stack: home ``folder/home``, the session broker, a
+    fresh topic and consumer group named ``<name>-<random>``, ``ingest.idle_seconds = 1``; ``extra``
+    (more TOML tables: ``[train]``, ``[gateway]``, ...) is appended as it is.
+
+    Use it where something reads the config from a file: a gateway process, the CLI's ``main``, a
+    Dagster resource (then set ``TRACERL_CONFIG`` to it and unset ``MLFLOW_TRACKING_URI``, so the
+    home's own MLflow store is used); ``make_config`` where an in-process config is enough."""
+    toml = folder / "tracerl.toml"
+    toml.write_text(f'''home = "{folder / 'home'}"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+topic = "{name}-{uuid.uuid4().hex[:8]}"
+group_id = "{name}-{uuid.uuid4().hex[:8]}"
+[ingest]
+idle_seconds = 1.0
+{extra.strip()}
+''')
+    return toml
+
+
 def make_config(tmp: Path, bootstrap: str) -> TracerlConfig:
     cfg = TracerlConfig(home=tmp / "home")
     cfg.kafka.bootstrap_servers = bootstrap

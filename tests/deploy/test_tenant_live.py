@@ -6,10 +6,10 @@ the deleted key file stops working, also without a restart."""
 from __future__ import annotations
 
 import re
-import uuid
 
 import pytest
 
+from tests.conftest import write_stack_toml
 from tracerl.cli import main
 
 
@@ -20,12 +20,7 @@ def test_a_tenant_added_while_the_gateway_runs_chats_at_once_and_a_deleted_key_s
     from pipelines.deploy.service import GatewayClient, GatewayError, start_gateway, stop_gateway
     from pipelines.services.kafka import ensure_topic
 
-    toml = tmp_path / "tracerl.toml"
-    toml.write_text(f"""
-home = "{tmp_path / 'home'}"
-[kafka]
-bootstrap_servers = "{broker.bootstrap}"
-topic = "tenants-{uuid.uuid4().hex[:8]}"
+    toml = write_stack_toml(tmp_path, broker.bootstrap, "tenants", f"""
 [train]
 base_model = "{boundary.root / 'tiny'}"
 [gateway]
@@ -47,7 +42,7 @@ suites_dir = "{tmp_path / 'evals'}"
 
         client = GatewayClient(gw.url, key)
         reply = client.chat("support", [{"role": "user", "content": "Hello there."}], max_tokens=4)
-        assert reply["tracerl"]["adapter_version"] == "v1" and reply["model"] == "support"
+        assert reply["tracerl"]["adapter_version"] == 1 and reply["model"] == "support"
 
         assert main(["--config", str(toml), "tenant", "list"]) == 0
         rows = [line.split() for line in capsys.readouterr().out.splitlines()]
@@ -62,7 +57,7 @@ suites_dir = "{tmp_path / 'evals'}"
         new_key = re.search(r"^  ([0-9a-f]{48})$", capsys.readouterr().out, re.M).group(1)
         assert new_key != key
         assert GatewayClient(gw.url, new_key).chat("support", [{"role": "user", "content": "Hi."}],
-                                                   max_tokens=2)["tracerl"]["adapter_version"] == "v1"
+                                                   max_tokens=2)["tracerl"]["adapter_version"] == 1
         with pytest.raises(GatewayError, match="HTTP 401"):
             client.chat("support", [{"role": "user", "content": "Me again."}], max_tokens=2)
     finally:

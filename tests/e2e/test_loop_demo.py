@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
+from tests.conftest import write_stack_toml
 from tests.e2e.conftest import REPO, dagster_webserver
 
 pytestmark = pytest.mark.slow
@@ -46,15 +46,7 @@ def demo(tmp_path_factory, broker):
     from pipelines.sim.traffic import TrafficConfig
 
     tmp = tmp_path_factory.mktemp("loop-demo")
-    toml = tmp / "tracerl.toml"
-    toml.write_text(f"""
-home = "{tmp / 'home'}"
-[kafka]
-bootstrap_servers = "{broker.bootstrap}"
-topic = "demo-{uuid.uuid4().hex[:8]}"
-group_id = "demo-{uuid.uuid4().hex[:8]}"
-[ingest]
-idle_seconds = 1.0
+    toml = write_stack_toml(tmp, broker.bootstrap, "demo", f"""
 [train]
 base_model = "tiny"
 [gateway]

@@ -14,6 +14,7 @@ from assets.driver import LoopBusy, run_iteration, target_lock
 from assets.resources import TracerlResource
 from tracerl import cli
 from pipelines.config import load_config
+from tests.conftest import write_stack_toml
 
 
 @pytest.fixture
@@ -21,16 +22,7 @@ def loop_home(tmp_path, broker, monkeypatch):
     """A tracerl.toml on the session broker (fresh topic and group) and a fresh DAGSTER_HOME."""
     from pipelines.services.kafka import ensure_topic
 
-    toml = tmp_path / "tracerl.toml"
-    toml.write_text(f"""
-home = "{tmp_path / 'home'}"
-[kafka]
-bootstrap_servers = "{broker.bootstrap}"
-topic = "loop-{uuid.uuid4().hex[:8]}"
-group_id = "loop-{uuid.uuid4().hex[:8]}"
-[ingest]
-idle_seconds = 1.0
-""")
+    toml = write_stack_toml(tmp_path, broker.bootstrap, "loop")
     monkeypatch.setenv("TRACERL_CONFIG", str(toml))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
