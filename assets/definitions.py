@@ -5,13 +5,16 @@ candidate_adapter -> promotion (the gate, with its checks) -> deployment; the la
 partitioned by target (tenant/task). `closed_loop_job` (assets/loop.py) runs the whole chain for
 one target: it is the loop, whoever starts it.
 
+Resources: `tracerl` (the settings) and one per external service over it: `kafka`, `lake`, `mlflow`,
+`gateway` (assets/resources.py); each asset asks only for the services it touches.
+
 `DAGSTER_HOME=dagster_home dagster dev` (or `make dagster`) shows it.
 """
 
 import dagster as dg
 
 from assets import deploy, gate, ingest, loop, review, reward, train
-from assets.resources import TracerlResource
+from assets.resources import TracerlResource, service_resources
 
 defs = dg.Definitions(
     assets=[*ingest.ingest_assets, *reward.reward_assets, *train.train_assets, *gate.gate_assets,
@@ -19,5 +22,8 @@ defs = dg.Definitions(
     jobs=[ingest.ingest_job, *reward.reward_jobs, *loop.loop_jobs, *review.review_jobs],
     schedules=[ingest.ingest_schedule, *reward.reward_schedules, *loop.loop_schedules],
     sensors=[*loop.loop_sensors, *review.review_sensors],
-    resources={"tracerl": TracerlResource()},
+    # Each service resource (kafka, lake, mlflow, gateway) nests the one `tracerl` settings resource;
+    # configured at launch, so a run's config for `tracerl` (the UI launchpad, the in-process driver)
+    # reaches every service. Its fields all default: no config = ./tracerl.toml or $TRACERL_CONFIG.
+    resources=service_resources(TracerlResource.configure_at_launch()),
 )

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.resources import TracerlResource
+from assets.resources import GatewayResource, MlflowResource
 from assets.targets import parse_target, targets
 from pipelines.adapters.version import label
 from pipelines.deploy.reconcile import ReconcileReport, reconcile
@@ -37,7 +37,6 @@ def report_metadata(report: ReconcileReport) -> dict:
         "failed": dg.MetadataValue.json([{"tenant": t.tenant, "task": t.task, "to": label(t.champion), "error": t.reason}
                                          for t in report.of("failed")]),
         "waiting_for_gateway": dg.MetadataValue.json([f"{t.key} {label(t.champion)}" for t in report.of("waiting")]),
-        "gateway": "running" if report.gateway_running else "not running (tracerl serve)",
         "report": dg.MetadataValue.md("\n".join(f"- {line}" for line in report.lines()) or "no tenant/task"),
     }
 
@@ -49,11 +48,17 @@ def report_metadata(report: ReconcileReport) -> dict:
           # closed_loop_hourly schedule: two missed hours warn, four fail.
           freshness_policy=dg.FreshnessPolicy.time_window(fail_window=timedelta(hours=4),
                                                           warn_window=timedelta(hours=2)))
-def deployment(context: dg.AssetExecutionContext, tracerl: TracerlResource) -> dg.MaterializeResult:
-    report = reconcile(tracerl.load(), [parse_target(context.partition_key)], who="dagster")
+def deployment(context: dg.AssetExecutionContext, mlflow: MlflowResource,
+               gateway: GatewayResource) -> dg.MaterializeResult:
+    tenant, task = parse_target(context.partition_key)
+    report = gateway.reconcile([(tenant, task)], who="dagster")  # to the registry's champion
     for t in report.targets:
         (context.log.error if t.outcome == "failed" else context.log.info)(t.line())
     metadata = report_metadata(report)
+    metadata["gateway"] = gateway.health()
+    champion = mlflow.champion(tenant, task)
+    if champion is not None:
+        metadata["model_version"] = mlflow.model_version_url(tenant, task, champion["registry_version"])
     failed = report.of("failed")
     if failed:
         raise dg.Failure(description=f"{len(failed)} swap(s) failed; those routes keep their old version: "

@@ -195,8 +195,8 @@ def run_iteration(resource: TracerlResource, tenant: str, task: str, *, instance
 
 
 def resource_config(resource: TracerlResource) -> dict[str, Any]:
-    """Every set field of the resource as run config (the run's resources come from it, and the run
-    records where its settings came from: the UI shows it, a re-execution reuses it)."""
+    """Every set field of the resource as run config for `tracerl` (every service resource of the run
+    reads it, and the run records where its settings came from: the UI shows it, a re-execution reuses it)."""
     return {k: getattr(resource, k) for k in type(resource).model_fields if getattr(resource, k) is not None}
 
 

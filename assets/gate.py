@@ -16,10 +16,8 @@ No candidate in this run (the learner skipped): nothing materializes and the che
 
 import dagster as dg
 
-from assets.links import model_version_url, run_url
-from assets.resources import TracerlResource
+from assets.resources import LakeResource, MlflowResource
 from assets.targets import OUTCOME_TAG, parse_target, tag_run, targets
-from pipelines.adapters.version import tag_version
 from pipelines.config import TracerlConfig
 from pipelines.gate.run import gate_candidates
 
@@ -35,15 +33,6 @@ def run_candidate(context: dg.AssetExecutionContext) -> dict | None:
     if not records or records[0].run_id != context.run.run_id:
         return None
     return {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
-
-
-def champion_now(cfg: TracerlConfig, tenant: str, task: str) -> dict | None:
-    """The champion's registry and adapter versions, now (after the gate moved the aliases)."""
-    from pipelines.adapters.promote import alias_version
-    from pipelines.adapters.registry import CHAMPION
-
-    mv = alias_version(cfg, tenant, task, CHAMPION)
-    return None if mv is None else {"registry_version": str(mv.version), "adapter_version": tag_version(mv)}
 
 
 def gate_one(cfg: TracerlConfig, tenant: str, task: str, registry_version: str) -> dict:
@@ -90,8 +79,7 @@ def eval_metadata(decision: dict) -> dict[str, dg.MetadataValue]:
                                       "blocks deployment. A rejection passes this check."),
     ],
 )
-def promotion(context: dg.AssetExecutionContext, tracerl: TracerlResource):
-    cfg = tracerl.load()
+def promotion(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
     tenant, task = parse_target(context.partition_key)
     candidate = run_candidate(context)
     if candidate is None:
@@ -100,18 +88,19 @@ def promotion(context: dg.AssetExecutionContext, tracerl: TracerlResource):
                                   metadata={"candidates": 0, "note": "no candidate in this run"})
         return
     rv = str(candidate["registry_version"])
-    d = gate_one(cfg, tenant, task, rv)
+    d = gate_one(lake.settings(), tenant, task, rv)  # the lake's trained-turns ledger (contamination), the
+                                                     # registry's champion; the decision goes to MLflow
     outcome, reasons = d["outcome"], list(d.get("reasons") or [])
     line = f"{tenant}/{task} v{candidate['adapter_version']} (registry {rv}): {outcome}: {'; '.join(reasons)}"
     (context.log.error if outcome in BLOCKING else context.log.info)(line)
     tag_run(context, {OUTCOME_TAG: outcome})
-    champion = champion_now(cfg, tenant, task)
+    champion = mlflow.champion(tenant, task)  # after the gate moved the aliases
     metadata = {
         "outcome": outcome,
         "reasons": dg.MetadataValue.json(reasons),
         "candidate_adapter_version": int(candidate["adapter_version"]),
         "candidate_registry_version": rv,
-        "model_version": model_version_url(cfg, tenant, task, rv),
+        "model_version": mlflow.model_version_url(tenant, task, rv),
         "promoted": float(outcome == "promote"),
         "champion_adapter_version": champion["adapter_version"] if champion else dg.MetadataValue.null(),
         "champion_registry_version": champion["registry_version"] if champion else "",
@@ -124,7 +113,7 @@ def promotion(context: dg.AssetExecutionContext, tracerl: TracerlResource):
         **eval_metadata(d),
     }
     if d.get("mlflow_run_id"):
-        metadata["gate_run"] = run_url(cfg, d["mlflow_run_id"])
+        metadata["gate_run"] = mlflow.run_url(d["mlflow_run_id"])
     yield dg.MaterializeResult(metadata=metadata, check_results=[dg.AssetCheckResult(
         check_name=NO_CONTAMINATION, passed=outcome not in BLOCKING, severity=dg.AssetCheckSeverity.ERROR,
         metadata={"outcome": outcome, "reasons": dg.MetadataValue.json(reasons)})])

@@ -6,64 +6,11 @@ from datetime import timedelta
 
 import dagster as dg
 
-from assets.resources import TracerlResource
-from pipelines.config import TracerlConfig
+from assets.resources import KafkaResource, LakeResource
 from pipelines.contract.validate import INTERNAL_ERROR
-from pipelines.ingest.run import run_ingest
 
 QUARANTINE_CHECK = "quarantine_rate"
 ISOLATION_CHECK = "no_internal_errors"
-BOOTSTRAP_TIMEOUT_MS = 10_000  # an unreachable broker fails the observation after this long
-
-
-def topic_offsets(cfg: TracerlConfig) -> dict:
-    """End offsets of the events topic per partition, and the ingest group's committed offsets.
-
-    Raises `dg.Failure` naming the bootstrap servers when Kafka cannot be reached."""
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.errors import KafkaError
-
-    from pipelines.services.kafka import BrokerError, client_options
-
-    topic = cfg.kafka.topic
-    try:
-        options = client_options(cfg)
-    except BrokerError as e:
-        raise dg.Failure(description=f"cannot observe Kafka topic {topic!r}: {e}") from e
-    servers = options["bootstrap_servers"]
-    consumer = None
-    try:
-        # group_id only for reading its committed offsets: this consumer never subscribes, so it
-        # never joins the group and never moves the ingest consumer's partitions.
-        consumer = KafkaConsumer(**options, group_id=cfg.kafka.group_id, enable_auto_commit=False,
-                                 bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS)
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            raise dg.Failure(description=f"Kafka topic {topic!r} does not exist on {servers}",
-                             metadata={"bootstrap_servers": servers, "topic": topic})
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        end = consumer.end_offsets(tps)
-        begin = consumer.beginning_offsets(tps)
-        committed = {tp: consumer.committed(tp) for tp in tps}
-    except KafkaError as e:
-        raise dg.Failure(description=f"Kafka at {servers} is unreachable (topic {topic!r}): "
-                                     f"{type(e).__name__}: {e}",
-                         metadata={"bootstrap_servers": servers, "topic": topic}) from e
-    finally:
-        if consumer is not None:
-            consumer.close(autocommit=False)
-    # Lag = end offset - the group's position (its commit, or the log start before any commit).
-    # Clamped at 0: the embedded Tansu broker reports its last batch's base offset + 1 as the
-    # high watermark, so there the end offset can trail what the group already consumed.
-    lag = {tp.partition: max(0, end[tp] - (committed[tp] if committed[tp] is not None else begin[tp]))
-           for tp in tps}
-    return {
-        "bootstrap_servers": servers, "topic": topic, "group_id": cfg.kafka.group_id,
-        "end_offsets": {str(tp.partition): end[tp] for tp in tps},
-        "committed_offsets": {str(tp.partition): committed[tp] for tp in tps},
-        "end_offset_total": sum(end.values()),
-        "consumer_lag": lag, "consumer_lag_total": sum(lag.values()),
-    }
 
 
 with warnings.catch_warnings():
@@ -80,8 +27,8 @@ with warnings.catch_warnings():
                         "version is the sum of the partitions' end offsets, so it changes when events "
                         "arrive; metadata carries the offsets and the ingest consumer group's lag.")],
     )
-    def raw_events(context: dg.AssetExecutionContext, tracerl: TracerlResource):
-        o = topic_offsets(tracerl.load())
+    def raw_events(context: dg.AssetExecutionContext, kafka: KafkaResource):
+        o = kafka.offsets()
         context.log.info(f"{o['topic']} on {o['bootstrap_servers']}: end offsets {o['end_offsets']}, "
                          f"lag of {o['group_id']} {o['consumer_lag_total']}")
         return dg.ObserveResult(
@@ -124,10 +71,10 @@ class IngestRunConfig(dg.Config):
     freshness_policy=dg.FreshnessPolicy.time_window(fail_window=timedelta(minutes=30),
                                                     warn_window=timedelta(minutes=15)),
 )
-def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig,
-                tracerl: TracerlResource) -> dg.MaterializeResult:
-    cfg = tracerl.load()
-    r = run_ingest(cfg, max_events=config.max_events)
+def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig, kafka: KafkaResource,
+                lake: LakeResource) -> dg.MaterializeResult:
+    cfg = lake.settings()
+    r = kafka.ingest(config.max_events)
     context.log.info(f"ingest {r.run_id}: {r.landed} landed, {r.quarantined} quarantined, "
                      f"{r.duplicates} duplicates, kafka commit {r.kafka_commit}")
     limit = cfg.ingest.quarantine_rate_limit
@@ -147,6 +94,7 @@ def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig,
             "internal_errors": internal,
             "decode_failure": r.isolated or "",
             "seconds": round(r.seconds, 2),
+            "lake": dg.MetadataValue.path(str(cfg.lake)),
         },
         check_results=[dg.AssetCheckResult(
             check_name=QUARANTINE_CHECK,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets.resources import TracerlResource
+from assets.resources import LakeResource
 from assets.targets import TARGETS, target_key, targets
 from pipelines.config import TracerlConfig
 from pipelines.train.run import count_new_turns, training_targets
@@ -57,8 +57,8 @@ def readiness(cfg: TracerlConfig) -> dict[str, tuple[int, int]]:
                        "requests a loop run for each one with at least learner.min_new_turns new settled "
                        "turns and no run of its own queued or going. A skipped tick says, per target, how "
                        "many new settled turns it has of the threshold.")
-def enough_new_turns(context: dg.SensorEvaluationContext, tracerl: TracerlResource):
-    ready = readiness(tracerl.load())
+def enough_new_turns(context: dg.SensorEvaluationContext, lake: LakeResource):
+    ready = readiness(lake.settings())
     known = set(context.instance.get_dynamic_partitions(TARGETS))
     new = sorted(set(ready) - known)
     requests, waiting = [], []
@@ -83,8 +83,8 @@ def enough_new_turns(context: dg.SensorEvaluationContext, tracerl: TracerlResour
                          "new settled turns, else only `deployment` (reconcile the gateway to the registry "
                          "champion: approvals, operator actions, swaps that waited for the gateway). A target "
                          "with a run queued or going is left alone.")
-def closed_loop_hourly(context: dg.ScheduleEvaluationContext, tracerl: TracerlResource):
-    ready = readiness(tracerl.load())
+def closed_loop_hourly(context: dg.ScheduleEvaluationContext, lake: LakeResource):
+    ready = readiness(lake.settings())
     requests, busy = [], []
     for key in sorted(context.instance.get_dynamic_partitions(TARGETS)):
         running = active_run(context.instance, key)

@@ -8,19 +8,17 @@ the way `tracerl approve` does (pipelines/deploy/operations.py): champion, then 
 
 import dagster as dg
 
-from assets.resources import TracerlResource
-from pipelines.deploy.operations import approve_tagged
-from pipelines.config import gate_config
-from pipelines.adapters.promote import all_pending_approvals
+from assets.resources import GatewayResource, MlflowResource
 
 
 @dg.op(description="Approve held versions a reviewer tagged in the MLflow UI, and serve the new champions.")
-def promote_approved_versions(context: dg.OpExecutionContext, tracerl: TracerlResource) -> None:
-    cfg = tracerl.load()
-    for result in approve_tagged(cfg, gate_config(cfg).approval_tag):  # same path as `tracerl approve`
+def promote_approved_versions(context: dg.OpExecutionContext, mlflow: MlflowResource,
+                              gateway: GatewayResource) -> None:
+    for result in gateway.approve_tagged():  # same path as `tracerl approve`: registry, then reconcile
         for move in result.registry["approved"]:
+            link = mlflow.model_version_url(result.tenant, result.task, move["champion"]).value
             context.log.info(f"{result.tenant}/{result.task}: v{move['adapter_version']} is champion "
-                             f"({move['reason']}; was registry version {move['previous']})")
+                             f"({move['reason']}; was registry version {move['previous']}): {link}")
         (context.log.info if result.ok else context.log.error)(result.summary())
 
 
@@ -32,10 +30,9 @@ def approval_job():
 @dg.sensor(job=approval_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Every minute: a held challenger a reviewer approved (its approval tag in the MLflow UI) "
                        "requests approval_job, which promotes it and reconciles the gateway.")
-def approved_challengers(context: dg.SensorEvaluationContext, tracerl: TracerlResource):
+def approved_challengers(context: dg.SensorEvaluationContext, mlflow: MlflowResource):
     """Request a promotion run when someone approved a held version in the MLflow UI."""
-    cfg = tracerl.load()
-    pending = all_pending_approvals(cfg, gate_config(cfg).approval_tag)
+    pending = mlflow.pending_approvals()
     if not pending:
         return dg.SkipReason("no approved challenger waiting")
     return dg.RunRequest(run_key=",".join(f"{t}.{k}:{v}" for t, k, v in pending))

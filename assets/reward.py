@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
-from assets.resources import TracerlResource
+from assets.resources import LakeResource
 from pipelines.reward.checks import BOUNDS, DRIFT, UNLABELLED, CheckLimits, evaluate
 from pipelines.reward.engine import run_rewards
 from pipelines.reward.spec import load_spec_book, reward_spec_book
@@ -57,8 +57,8 @@ def settled_means(settled) -> tuple[float | None, dict[str, dict]]:
                                                     warn_window=timedelta(minutes=15)),
 )
 def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
-                 tracerl: TracerlResource) -> dg.MaterializeResult:
-    cfg = tracerl.load()
+                 lake: LakeResource) -> dg.MaterializeResult:
+    cfg = lake.settings()
     book = load_spec_book(config.spec_path) if config.spec_path else reward_spec_book(cfg)  # read now: an
                                                                                            # edited spec needs no restart
     now = None

@@ -7,8 +7,7 @@ skipped in that run. The job, sensor and schedule that run it are in assets/loop
 
 import dagster as dg
 
-from assets.links import model_version_url, run_url
-from assets.resources import TracerlResource
+from assets.resources import LakeResource, MlflowResource
 from assets.targets import CANDIDATE_TAG, OUTCOME_TAG, REASON_TAG, parse_target, tag_run, targets
 from pipelines.adapters.version import label
 from pipelines.train.run import run_learner
@@ -18,18 +17,18 @@ NO_CANDIDATE = "no_candidate"
 _NUMERIC = ("loss", "kl", "reward_mean", "clip_frac", "tokens_per_s")
 
 
-def new_turns_reward(cfg, tenant: str, task: str, version: int) -> float | None:
+def new_turns_reward(lake: LakeResource, tenant: str, task: str, version: int) -> float | None:
     """Mean settled reward of the new turns adapter `version` trained on (its data window): the
     iteration's live reward as the reward spec scores it, one point per run in the UI's plot."""
     import pyarrow as pa
 
-    from pipelines.lake.query import connect
     from pipelines.adapters.store import AdapterStore
 
-    ids = AdapterStore(cfg.adapter_root).get(tenant, task, version).meta.get("data_window", {}).get("turn_ids") or []
+    store = AdapterStore(lake.settings().adapter_root)
+    ids = store.get(tenant, task, version).meta.get("data_window", {}).get("turn_ids") or []
     if not ids:
         return None
-    con = connect(cfg.lake)
+    con = lake.connect()
     con.register("_new_turns", pa.table({"turn_id": ids}))
     (mean,) = con.execute("""
         SELECT avg(total) FROM (
@@ -51,10 +50,9 @@ def new_turns_reward(cfg, tenant: str, task: str, version: int) -> float | None:
                 "champion after a promotion or a reset); logged to MLflow and registered as a candidate "
                 "model version. Skipped (no materialization) below learner.min_new_turns new turns.",
 )
-def candidate_adapter(context: dg.AssetExecutionContext, tracerl: TracerlResource):
-    cfg = tracerl.load()
+def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: MlflowResource):
     tenant, task = parse_target(context.partition_key)
-    r = run_learner(cfg, tenant, task)
+    r = run_learner(lake.settings(), tenant, task)  # reads the lake, logs and registers in MLflow
     if r.status != "trained":
         context.log.info(f"{tenant}/{task}: no candidate: {r.reason}")
         tag_run(context, {OUTCOME_TAG: NO_CANDIDATE, REASON_TAG: r.reason})
@@ -67,8 +65,8 @@ def candidate_adapter(context: dg.AssetExecutionContext, tracerl: TracerlResourc
         "adapter_version": r.adapter_version,
         "parent_version": r.parent_version if r.parent_version is not None else dg.MetadataValue.null(),
         "registry_version": str(r.registry_version),
-        "model_version": model_version_url(cfg, tenant, task, r.registry_version),
-        "mlflow_run": run_url(cfg, r.mlflow_run_id),
+        "model_version": mlflow.model_version_url(tenant, task, r.registry_version),
+        "mlflow_run": mlflow.run_url(r.mlflow_run_id),
         "mlflow_run_id": r.mlflow_run_id,
         "turns": r.new_turns,
         "replayed_turns": r.replayed_turns,
@@ -77,7 +75,7 @@ def candidate_adapter(context: dg.AssetExecutionContext, tracerl: TracerlResourc
         "branch_depth": r.branch_depth,
         "reset_reason": r.reset_reason or "",
     }
-    reward = new_turns_reward(cfg, tenant, task, r.adapter_version)
+    reward = new_turns_reward(lake, tenant, task, r.adapter_version)
     if reward is not None:
         metadata["new_turns_reward"] = dg.MetadataValue.float(reward)
     for k in _NUMERIC:

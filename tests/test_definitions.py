@@ -110,3 +110,54 @@ def test_everything_says_what_it_is(repo, graph):
     assert not [name for name, text in described.items() if not text], described
     for k in graph.get_all_asset_keys():
         assert graph.get(k).group_name != "default" and graph.get(k).kinds, k
+
+
+# Each asset, op and trigger asks for the services it touches, no more (the UI lists them per asset).
+USES = {"raw_events": {"kafka"}, "lake_events": {"kafka", "lake"}, "turn_rewards": {"lake"},
+        "candidate_adapter": {"lake", "mlflow"}, "promotion": {"lake", "mlflow"},
+        "deployment": {"mlflow", "gateway"}}
+SERVICES = {"kafka", "lake", "mlflow", "gateway"}
+
+
+def test_each_asset_declares_the_services_it_uses(graph):
+    for key, services in USES.items():
+        assert defs.resolve_assets_def(dg.AssetKey(key)).required_resource_keys - {"io_manager"} == services, key
+
+
+def test_the_triggers_and_the_approval_op_declare_their_services(repo):
+    assert {s.name: s.required_resource_keys for s in repo.sensor_defs} == {
+        "enough_new_turns": {"lake"}, "approved_challengers": {"mlflow"}}
+    assert repo.get_schedule_def("closed_loop_hourly").required_resource_keys == {"lake"}
+    op = defs.resolve_job_def("approval_job").graph.node_dict["promote_approved_versions"].definition
+    assert op.required_resource_keys == {"mlflow", "gateway"}
+
+
+def test_one_settings_resource_behind_every_service(repo):
+    """Every service resource nests the code location's one `tracerl` resource, each says what it is."""
+    top = repo.get_top_level_resources()
+    assert set(top) == {"tracerl", *SERVICES}
+    assert not [k for k, r in top.items() if not (r.description or "").strip()]
+    assert all(defs.resources[k].tracerl is defs.resources["tracerl"] for k in SERVICES)
+
+
+def test_the_runs_tracerl_config_reaches_every_service_and_an_edit_the_next_run(tmp_path):
+    """Run config for `tracerl` alone (what the driver and the launchpad set) configures every
+    service; the toml is read by each run, so an edit needs no restart of the code location."""
+    from assets.resources import GatewayResource, KafkaResource, LakeResource, MlflowResource
+
+    @dg.asset
+    def probe(kafka: KafkaResource, lake: LakeResource, mlflow: MlflowResource, gateway: GatewayResource):
+        return {name: (r.settings().kafka.topic, str(r.settings().home))
+                for name, r in {"kafka": kafka, "lake": lake, "mlflow": mlflow, "gateway": gateway}.items()}
+
+    toml = tmp_path / "tracerl.toml"
+    toml.write_text(f'home = "{tmp_path}"\n[kafka]\ntopic = "first"\n')
+    job = dg.Definitions(assets=[probe], resources=defs.resources).resolve_implicit_global_asset_job_def()
+    config = {"resources": {"tracerl": {"config": {"config_path": str(toml)}}}}
+
+    def seen():
+        return job.execute_in_process(run_config=config).output_for_node("probe")
+
+    assert seen() == {name: ("first", str(tmp_path)) for name in SERVICES}
+    toml.write_text(f'home = "{tmp_path}"\n[kafka]\ntopic = "edited"\n')
+    assert seen() == {name: ("edited", str(tmp_path)) for name in SERVICES}

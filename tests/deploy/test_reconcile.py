@@ -171,11 +171,11 @@ def cli(*argv: str) -> int:
 def deployment_run(s: Stack, tenant: str, task: str) -> dict:
     """One Dagster run of the `deployment` asset for the target, as the schedule or a loop run makes it."""
     from assets.deploy import deployment
-    from assets.resources import TracerlResource
+    from assets.resources import TracerlResource, service_resources
     from assets.targets import materialize_target
 
     result = materialize_target([deployment], tenant, task,
-                                resources={"tracerl": TracerlResource(config_path=str(s.toml))})
+                                resources=service_resources(TracerlResource(config_path=str(s.toml))))
     return {k: v.value for k, v in result.asset_materializations_for_node("deployment")[0].metadata.items()}
 
 

@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.deploy import deployment
 from assets.gate import NO_CONTAMINATION, promotion
-from assets.resources import TracerlResource
+from assets.resources import TracerlResource, service_resources
 from assets.targets import OUTCOME_TAG, materialize_target, targets
 from tests.gate.gate_fixtures import FakeBackend, candidate, policy_for, question, setup
 
@@ -37,7 +37,7 @@ def _stub(box):
 def _run(box, resource, tenant, task):
     with dg.instance_for_test() as instance:
         result = materialize_target([_stub(box), promotion, deployment], tenant, task, instance=instance,
-                                    resources={"tracerl": resource}, raise_on_error=False)
+                                    resources=service_resources(resource), raise_on_error=False)
         tags = instance.get_run_by_id(result.run_id).tags
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     promo = result.asset_materializations_for_node("promotion")
@@ -129,11 +129,12 @@ def test_approval_sensor_and_job_promote_an_approved_challenger(tmp_path, mlflow
     assert run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[]).decision.outcome == "hold"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     resource = TracerlResource(home=str(cfg.home))
-    context = dg.build_sensor_context(resources={"tracerl": resource})
-    pending_before = approved_challengers(context)
+    with dg.build_sensor_context(resources=service_resources(resource)) as context:
+        pending_before = approved_challengers(context)
     assert isinstance(pending_before, dg.SkipReason) or tenant not in pending_before.run_key
     client(cfg).set_model_version_tag(model_name(tenant, task), rv, gate.approval_tag, "true")
-    request = approved_challengers(dg.build_sensor_context(resources={"tracerl": resource}))
+    with dg.build_sensor_context(resources=service_resources(resource)) as context:
+        request = approved_challengers(context)
     assert f"{tenant}.{task}:{rv}" in request.run_key
-    assert approval_job.execute_in_process(resources={"tracerl": resource}).success
+    assert approval_job.execute_in_process(resources=service_resources(resource)).success
     assert adapter_for_alias(cfg, tenant, task, CHAMPION) == av

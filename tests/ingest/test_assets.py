@@ -6,7 +6,7 @@ import pytest
 
 from assets.definitions import defs
 from assets.ingest import lake_events, raw_events
-from assets.resources import TracerlResource
+from assets.resources import TracerlResource, service_resources
 from pipelines.ingest.producer import TraceProducer
 from pipelines.ingest.sample import bad_messages, generate
 from tests.ingest.poison import poison_decoder, poisoned
@@ -29,7 +29,7 @@ def test_definitions_load_with_schedule_and_check():
 
 def _observe(resource):
     job = dg.define_asset_job("observe_topic", selection=[raw_events])
-    result = dg.Definitions(assets=[raw_events], jobs=[job], resources={"tracerl": resource}) \
+    result = dg.Definitions(assets=[raw_events], jobs=[job], resources=service_resources(resource)) \
         .resolve_job_def("observe_topic").execute_in_process(raise_on_error=False)
     return result
 
@@ -45,7 +45,7 @@ def _toml(cfg, tmp_path) -> str:
 
 
 def _materialize(path):
-    result = dg.materialize([lake_events], resources={"tracerl": TracerlResource(config_path=path)})
+    result = dg.materialize([lake_events], resources=service_resources(TracerlResource(config_path=path)))
     assert result.success
     meta = result.asset_materializations_for_node("lake_events")[0].metadata
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
@@ -127,7 +127,7 @@ def test_topic_observation_reports_offsets_and_the_ingest_group_lag(cfg, tmp_pat
 def test_unreachable_broker_is_a_clear_failure(tmp_path, monkeypatch):
     from pipelines.config import TracerlConfig
 
-    monkeypatch.setattr("assets.ingest.BOOTSTRAP_TIMEOUT_MS", 1000)
+    monkeypatch.setattr("assets.resources.BOOTSTRAP_TIMEOUT_MS", 1000)
     path = tmp_path / "tracerl.toml"
     path.write_text(f'home = "{tmp_path}"\n[kafka]\nbootstrap_servers = "127.0.0.1:1"\n')
     result = _observe(TracerlResource(config_path=str(path)))
@@ -135,7 +135,7 @@ def test_unreachable_broker_is_a_clear_failure(tmp_path, monkeypatch):
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "127.0.0.1:1" in failure.step_failure_data.user_failure_data.description
 
-    from assets.ingest import topic_offsets
+    from assets.resources import topic_offsets
 
     with pytest.raises(dg.Failure, match="embedded Kafka broker is not running"):
         topic_offsets(TracerlConfig(home=tmp_path))  # embedded, never started

@@ -9,7 +9,7 @@ import pytest
 
 from assets.definitions import defs
 from assets.loop import LOOP_JOB, NEW_TURNS_TAG, closed_loop_hourly, enough_new_turns
-from assets.resources import TracerlResource
+from assets.resources import TracerlResource, service_resources
 from assets.targets import TARGETS
 
 
@@ -28,7 +28,8 @@ def _start_run(instance, key, job=LOOP_JOB):
 
 
 def _tick(instance, resource):
-    return enough_new_turns(dg.build_sensor_context(instance=instance, resources={"tracerl": resource}))
+    with dg.build_sensor_context(instance=instance, resources=service_resources(resource)) as context:
+        return enough_new_turns(context)
 
 
 def test_sensor_without_settled_turns_requests_nothing(tmp_path):
@@ -79,7 +80,7 @@ def test_hourly_backstop_runs_the_loop_or_only_deployment_per_target(tmp_path, t
     def tick(instance):
         # `with`: the context opens its own instance from the ref; closing it restores Dagster's
         # current-instance state for the tests that run after this one
-        with dg.build_schedule_context(instance=instance, resources={"tracerl": resource}) as context:
+        with dg.build_schedule_context(instance=instance, resources=service_resources(resource)) as context:
             return closed_loop_hourly(context)
 
     with dg.instance_for_test() as instance:

@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from assets.ingest import lake_events
-from assets.resources import TracerlResource
+from assets.resources import TracerlResource, service_resources
 from assets.reward import reward_assets, reward_jobs, reward_schedules, turn_rewards
 from reward_lake import fb, land, tool, turn
 from pipelines.ingest.sample import generate
@@ -18,7 +18,7 @@ START = datetime(2026, 11, 1, tzinfo=timezone.utc)
 
 def materialize(home, now: datetime, expect_success: bool = True):
     result = dg.materialize(
-        [turn_rewards], resources={"tracerl": TracerlResource(home=str(home))},
+        [turn_rewards], resources=service_resources(TracerlResource(home=str(home))),
         run_config={"ops": {"turn_rewards": {"config": {"now": now.isoformat()}}}}, raise_on_error=False)
     assert result.success == expect_success
     meta = result.asset_materializations_for_node("turn_rewards")[0].metadata
@@ -27,7 +27,7 @@ def materialize(home, now: datetime, expect_success: bool = True):
 
 def test_definitions_load_with_the_reward_asset_downstream_of_ingest():
     defs = dg.Definitions(assets=[lake_events, *reward_assets], jobs=reward_jobs, schedules=reward_schedules,
-                          resources={"tracerl": TracerlResource()})
+                          resources=service_resources(TracerlResource()))
     repo = defs.get_repository_def()
     assert repo.has_schedule_def("rewards_every_5_minutes")
     graph = repo.asset_graph
@@ -93,7 +93,7 @@ def test_spec_path_reaches_the_rows(tmp_path, spec_text, expect):
     path = tmp_path / "rewards.toml"
     path.write_text(spec_text)
     land(tmp_path / "lake", [turn("t1"), fb("t1", "accept")])
-    result = dg.materialize([turn_rewards], resources={"tracerl": TracerlResource(home=str(tmp_path))},
+    result = dg.materialize([turn_rewards], resources=service_resources(TracerlResource(home=str(tmp_path))),
                             run_config={"ops": {"turn_rewards": {"config": {
                                 "spec_path": str(path), "now": (START + timedelta(days=1)).isoformat()}}}})
     versions = result.asset_materializations_for_node("turn_rewards")[0].metadata["spec_versions"].value

@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from assets.resources import TracerlResource
+from assets.resources import TracerlResource, service_resources
 from assets.reward import turn_rewards
 from tracerl.cli import main
 from pipelines.config import TracerlConfig, load_config
@@ -32,8 +32,8 @@ def _traffic(lake: Path, prefix: str, tenants=("acme", "globex")) -> None:
                           fb(f"{prefix}-{tenant}-{i}", "thumbs", t=i + 1, value=1, tenant=tenant))])
 
 
-def _materialize(resource: TracerlResource) -> list[str]:
-    result = dg.materialize([turn_rewards], resources={"tracerl": resource},
+def _materialize(resources: dict) -> list[str]:
+    result = dg.materialize([turn_rewards], resources=resources,
                             run_config={"ops": {"turn_rewards": {"config": {"now": NOW}}}})
     return result.asset_materializations_for_node("turn_rewards")[0].metadata["spec_versions"].value
 
@@ -55,22 +55,23 @@ def test_an_edited_spec_scores_the_next_run_without_a_restart(tmp_path):
     spec = _spec(tmp_path / "rewards-a.toml", "a1")
     toml = tmp_path / "tracerl.toml"
     toml.write_text(f'home = "{tmp_path / "home"}"\n[reward]\nspec = "rewards-a.toml"\n')  # relative to the file
-    resource = TracerlResource(config_path=str(toml))  # one resource, as a running code location keeps it
+    resources = service_resources(TracerlResource(config_path=str(toml)))  # built once, as a running code
+                                                                           # location keeps them
     lake = load_config(toml).lake
 
     _traffic(lake, "first")
-    first = _materialize(resource)
+    first = _materialize(resources)
     assert first and all(v.startswith("a1+") for v in first), first
 
     _spec(spec, "a2")  # the operator edits the spec; Dagster keeps running
     _traffic(lake, "second")
-    second = _materialize(resource)
+    second = _materialize(resources)
     assert second and all(v.startswith("a2+") for v in second), second
 
     b = _spec(tmp_path / "rewards-b.toml", "b1")  # ... or points the config at another file
     toml.write_text(f'home = "{tmp_path / "home"}"\n[reward]\nspec = "{b}"\n')
     _traffic(lake, "third")
-    assert all(v.startswith("b1+") for v in _materialize(resource))
+    assert all(v.startswith("b1+") for v in _materialize(resources))
 
 
 def test_cli_and_dagster_score_with_the_same_versions_per_target(tmp_path, monkeypatch):
@@ -93,7 +94,7 @@ def test_cli_and_dagster_score_with_the_same_versions_per_target(tmp_path, monke
     monkeypatch.setenv("TRACERL_HOME", str(tmp_path / "dagster-home"))
     dagster_cfg = load_config(toml)
     _traffic(dagster_cfg.lake, "t")
-    versions = _materialize(TracerlResource(config_path=str(toml)))
+    versions = _materialize(service_resources(TracerlResource(config_path=str(toml))))
 
     by_tenant = _row_versions(cli_cfg)
     assert by_tenant == _row_versions(dagster_cfg)
