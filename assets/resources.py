@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
-from assets.links import mlflow_ui, model_version_url, run_url
+from assets.links import model_version_url, run_url
 from pipelines.config import TracerlConfig, load_config
 
 if TYPE_CHECKING:
@@ -95,23 +95,17 @@ class MlflowResource(ServiceResource):
     registry and its aliases, and links into its UI."""
 
     def tracking_uri(self) -> str:
+        """The tracking and registry store: `mlflow.tracking_uri`, else the SQLite store under home."""
         return self.settings().tracking_uri
 
     def use_store(self) -> str:
-        """Point MLflow's fluent API at this store (without exporting it); returns its URI."""
+        """Point MLflow's fluent API at this store without exporting MLFLOW_TRACKING_URI (which would
+        override the next run's tracerl.toml); returns its URI."""
         from pipelines.tracking import use_store
 
         uri = self.tracking_uri()
         use_store(uri)
         return uri
-
-    def client(self) -> Any:
-        from pipelines.tracking import client
-
-        return client(self.settings())
-
-    def ui(self) -> str:
-        return mlflow_ui(self.settings())
 
     def model_version_url(self, tenant: str, task: str, version: str | int) -> dg.MetadataValue:
         return model_version_url(self.settings(), tenant, task, version)

@@ -161,3 +161,25 @@ def test_the_runs_tracerl_config_reaches_every_service_and_an_edit_the_next_run(
     assert seen() == {name: ("first", str(tmp_path)) for name in SERVICES}
     toml.write_text(f'home = "{tmp_path}"\n[kafka]\ntopic = "edited"\n')
     assert seen() == {name: ("edited", str(tmp_path)) for name in SERVICES}
+
+
+def test_the_mlflow_resource_points_at_the_configured_store_without_exporting_it(tmp_path, monkeypatch):
+    import os
+
+    import mlflow
+
+    from assets.resources import MlflowResource, TracerlResource
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("TRACERL_CONFIG", raising=False)
+    from pipelines.tracking import use_store
+
+    before = mlflow.get_tracking_uri()
+    store = MlflowResource(tracerl=TracerlResource(home=str(tmp_path)))
+    try:
+        uri = store.use_store()
+        assert uri == store.tracking_uri() and str(tmp_path) in uri and uri.startswith("sqlite:")
+        assert mlflow.get_tracking_uri() == uri
+        assert "MLFLOW_TRACKING_URI" not in os.environ  # the next run's tracerl.toml still decides
+    finally:
+        use_store(before)
