@@ -53,8 +53,7 @@ def served_rate(base_url: str, model: str, family: Any, *, samples: int = 4, max
                 seed: int = 0, concurrency: int = 16) -> Rate:
     """Sample `samples` replies per held-out prompt of `family` from `model` (a name vLLM serves)."""
     from pipelines.deploy import admin
-    from pipelines.sim.families import Reply
-    from pipelines.sim.loop import model_input
+    from pipelines.sim.families import Reply, model_input
 
     prompts = [model_input(family, m) for m in family.prompts("heldout")]
     jobs = [(i, k) for i in range(len(prompts)) for k in range(samples)]

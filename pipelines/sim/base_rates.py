@@ -15,13 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pipelines.contract.tool_calls import with_tools
-from pipelines.sim.families import Reply, families
-
-
-def model_input(fam, messages: list[dict]) -> list[dict]:
-    """What the served model reads for `messages` of `fam`: the tools rendered in, if any."""
-    return with_tools(messages, list(fam.tools)) if fam.tools else messages
+from pipelines.sim.families import Reply, families, model_input
 
 
 def measure(policy, names: list[str], samples: int, max_new_tokens: int, seed: int = 0,

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pipelines.contract.tool_calls import Call, check_call, parse_tool_calls, render_assistant_tool_calls
+from pipelines.contract.tool_calls import Call, check_call, parse_tool_calls, render_assistant_tool_calls, with_tools
 from pipelines.sim.env import HiddenPreference
 
 
@@ -55,6 +55,12 @@ def reply_text(reply: Any) -> str:
     """The reply's full text, tool calls rendered back as the model wrote them."""
     calls = getattr(reply, "tool_calls", ()) or ()
     return render_assistant_tool_calls(reply.text, list(calls)) if calls else (reply.text or "")
+
+
+def model_input(family: Any, messages: list[dict]) -> list[dict]:
+    """What the served model reads for `messages`: the family's tools rendered in as the gateway does."""
+    tools = getattr(family, "tools", None)
+    return with_tools(messages, list(tools)) if tools else messages
 
 
 def split_prompts(topics: tuple[str, ...], templates: tuple[str, ...], heldout: int, split: str) -> list[list[dict]]:
@@ -198,7 +204,15 @@ class Tools(_Topics):
     """Users of an assistant app ask things only a tool can answer (weather, currency, local time)
     and like the reply iff it makes a call that is valid against the tools sent (check_call is
     None for every call, and there is at least one). The app then runs the call (`run_tool`) and
-    reports the real outcome as a ToolCall event, like production."""
+    reports the real outcome as a ToolCall event, like production.
+
+    This family needs a larger model than SmolLM2-135M-Instruct: on its held-out prompts (4
+    samples each, T=1, 48 tokens, vLLM) it liked 0/128 replies with tool_choice "auto", and
+    0/128 with "required" too (the gateway prefills `<tool_call>[{"name": "`): 32 of those
+    replies were well-formed calls, 6 named one of the tools, none had valid arguments
+    (bench/RESULTS.md, "tools family on SmolLM2"). With no positive the learner has nothing to
+    reinforce, so the app keeps tool_choice "auto"; "required" is an app setting, not the hidden
+    preference, and is worth trying on a model that gets some calls right."""
 
     name: str = "tools"
     task: str = "tools"
