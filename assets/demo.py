@@ -23,7 +23,7 @@ import dagster as dg
 from assets.driver import LoopRun, dagster_instance, run_iteration
 from assets.resources import TracerlResource
 from pipelines import stack
-from pipelines.adapters.version import parse_version
+from pipelines.adapters.version import label
 from pipelines.config import TracerlConfig
 from pipelines.loop.demo import Bar, LoopConfig, fresh_start
 from pipelines.loop.report import IterationReport
@@ -85,8 +85,9 @@ def demo_iteration(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig
     stats = simulate(url, key, t, pref, progress=(lambda d, n: progress("traffic", d, n)) if progress else None)
     wait_emitted(cfg, url)
     traffic_s = time.monotonic() - t0
+    served = {label(v): n for v, n in sorted(stats.versions.items())}
     log(f"  traffic: {stats.requests} requests ({stats.failed} failed), live reward {stats.reward:.3f}, "
-        f"served by {stats.versions}" + (f"; first error: {stats.errors[0][:300]}" if stats.errors else ""))
+        f"served by {served}" + (f"; first error: {stats.errors[0][:300]}" if stats.errors else ""))
     probe = SwapProbe(url, key, t, pref, lc.swap_probe_users)
     run = run_iteration(resource, lc.tenant, lc.task, instance=instance, during={"deployment": probe},
                         tags={"tracerl/driver": "demo", "tracerl/iteration": str(i)})
@@ -151,7 +152,7 @@ def run_demo(cfg: TracerlConfig, lc: LoopConfig, *, resource: TracerlResource | 
         print("[final] traffic on the last champion", flush=True)
         final = simulate(gateway_url(cfg), tenant_key(cfg, lc.tenant), lc.traffic_for(lc.iterations + 1),
                          lc.preference(), progress=lambda d, n: bar("traffic", d, n))
-        final_version = parse_version(max(final.versions, key=final.versions.get)) if final.versions else None
+        final_version = max(final.versions, key=final.versions.get) if final.versions else None
         text = format_report(reports, final.reward, final_version)
         plots = plot(reports, final.reward, cfg.home / "reports")
         run_id = log_to_mlflow(cfg, reports, text, plots, {"loop": asdict(lc), "train": cfg.train.to_dict(),

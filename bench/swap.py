@@ -27,6 +27,7 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipelines.adapters.version import label  # noqa: E402
 from pipelines.config import TracerlConfig  # noqa: E402
 from pipelines.config.gateway import GatewayConfig  # noqa: E402
 
@@ -180,14 +181,14 @@ def main() -> None:
     failed = [r for r in results if not r[2]]
     inside = [e - s for s, e, ok, _ in results if ok and any(s < we and e > ws for ws, we in windows)]
     outside = [e - s for s, e, ok, _ in results if ok and not any(s < we and e > ws for ws, we in windows)]
-    versions: dict[str, int] = {}
+    versions: dict[int, int] = {}  # the response's tracerl.adapter_version -> requests
     for r in results:
         if r[2]:
             versions[r[3]] = versions.get(r[3], 0) + 1
     span = max(r[1] for r in results) - min(r[0] for r in results)
     print(f"requests served: {len(results) - len(failed)} ({(len(results) - len(failed)) / span:.1f}/s over {span:.1f}s); "
           f"failed: {len(failed)}")
-    print(f"served per version: {dict(sorted(versions.items()))}")
+    print(f"served per version: { {label(v): n for v, n in sorted(versions.items())} }")
     for s, e, _, why in failed[:5]:
         print(f"  failed: {why}")
     print(f"latency inside swap windows  (n={len(inside)}): p50 {pct(inside, .5) * 1000:.0f} ms, "

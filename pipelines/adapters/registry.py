@@ -65,5 +65,5 @@ def version_for_adapter(cfg: TracerlConfig, tenant: str, task: str, adapter_vers
         versions = client(cfg).search_model_versions(f"name = '{model_name(tenant, task)}'")
     except MlflowException:
         return None
-    hits = [mv for mv in versions if mv.tags.get("adapter_version") == str(int(adapter_version))]
+    hits = [mv for mv in versions if "adapter_version" in mv.tags and tag_version(mv) == int(adapter_version)]
     return max(hits, key=lambda mv: int(mv.version)) if hits else None

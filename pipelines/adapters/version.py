@@ -1,9 +1,12 @@
 """The adapter version: an int everywhere in tracerl, parsed and formatted only here.
 
-Adapter-store folders are ``v<N>``, vLLM's ``lora_name`` is ``<tenant>/<task>/v<N>``, the
-registry's ``adapter_version`` tag is ``<N>``, and the trace contract's ``ModelTurn.adapter_version``
-still carries ``"v<N>"`` (None = the base model): every reader turns those into the int through
-``parse_version`` and every writer formats it with ``label``, so no module re-invents the regex.
+The trace contract's ``ModelTurn.adapter_version``, the lake's ``turns.adapter_version`` and the
+``trained_turns`` ledger carry the int itself (None / NULL = the base model), and the gateway's
+``tracerl.adapter_version`` answers it. Text appears only where a name or a human needs it:
+adapter-store folders are ``v<N>`` (``folder_version``), vLLM's ``lora_name`` is
+``<tenant>/<task>/v<N>``, reports print ``label``, and the registry's ``adapter_version`` tag is
+``<N>`` because MLflow tags are strings (``tag_version`` is its one reader). ``parse_version``
+is for what a person or a path supplies (a CLI argument, a folder or lora name), never for data.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def folder_version(name: str) -> int | None:
 
 
 def label(version: int | None) -> str:
-    """``v<N>``, or ``base`` for None: the folder name, the event field, and what reports print."""
+    """``v<N>``, or ``base`` for None: the folder name and what reports print."""
     return BASE if version is None else f"v{int(version)}"
 
 
@@ -44,5 +47,9 @@ def lora_name(tenant: str, task: str, version: int) -> str:
 
 
 def tag_version(mv: Any) -> int:
-    """The adapter version a registry model version names (its ``adapter_version`` tag)."""
-    return int(mv.tags["adapter_version"])
+    """The adapter version a registry model version names (its ``adapter_version`` tag, ``<N>``)."""
+    raw = mv.tags.get("adapter_version")
+    if raw is None or not (raw.isascii() and raw.isdigit()):
+        raise ValueError(f"registry model {mv.name} version {mv.version}: its adapter_version tag is {raw!r}, "
+                         f"not an adapter version number (the learner writes '3' for the adapter store's v3)")
+    return int(raw)

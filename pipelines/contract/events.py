@@ -18,7 +18,7 @@ import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
@@ -29,6 +29,19 @@ FeedbackKind = Literal[
 ]
 SessionOutcome = Literal["completed", "abandoned"]
 Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class Minimum:
+    """The least value of an integer field (``Annotated[int, Minimum(1)]``); the validator and the
+    JSON Schema both read it, so the bound is written once, on the field."""
+
+    value: int
+    note: str = ""  # said in the error, e.g. what null means instead
+
+
+AdapterVersion = Annotated[int, Minimum(1, "null is the base model")]
+"""An adapter-store version number (``pipelines.adapters.version``): 3, never "v3"."""
 
 
 def new_id() -> str:
@@ -92,6 +105,10 @@ class ModelTurn(Event):
     them. Producers that cannot send them may omit both; the learner then
     re-tokenizes and counts that.
 
+    `adapter_version` is the adapter that served the turn, an integer >= 1 (the number the
+    adapter store and the registry use); null or absent: the base model. The learner weighs a
+    turn by how many versions it is behind the one it trains from.
+
     `train` false marks a turn that must never be trained on (evaluation traffic, a user
     without consent): it lands and gets rewards, the learner and its replay skip it. Absent
     (every event before the field existed) means true.
@@ -102,7 +119,7 @@ class ModelTurn(Event):
     turn_id: str = field(default_factory=new_id)
     turn_index: int
     model: str
-    adapter_version: str | None = None
+    adapter_version: AdapterVersion | None = None
     input_messages: list[Message]
     output_text: str
     output_token_ids: list[int] | None = None

@@ -14,7 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pipelines.contract.events import EVENT_TYPES, SCHEMA_VERSION
+from pipelines.contract.events import EVENT_TYPES, SCHEMA_VERSION, Minimum
 
 SCHEMA_PATH = Path(__file__).with_name("trace_event.schema.json")
 
@@ -24,6 +24,9 @@ def _type(hint: Any, defs: dict) -> dict:
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return {"anyOf": [_type(args[0], defs), {"type": "null"}]}
+    if origin is typing.Annotated:
+        bounds = [m.value for m in hint.__metadata__ if type(m) is Minimum]
+        return _type(typing.get_args(hint)[0], defs) | ({"minimum": max(bounds)} if bounds else {})
     if hint is Any:
         return {}
     simple = {str: "string", bool: "boolean", int: "integer", float: "number"}
@@ -42,7 +45,7 @@ def _type(hint: Any, defs: dict) -> dict:
 
 
 def _object(cls: type, defs: dict, event_type: str | None = None) -> dict:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     props: dict[str, Any] = {}
     required = []
     if event_type:

@@ -24,7 +24,7 @@ from array import array
 from datetime import datetime, timezone
 from typing import Any, Callable, Literal
 
-from pipelines.contract.events import EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, Event, Feedback, ModelTurn
+from pipelines.contract.events import EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, Event, Feedback, Minimum, ModelTurn
 
 # Reasons a message is quarantined; stable strings, queryable in the lake.
 NOT_JSON = "not_json"
@@ -95,6 +95,15 @@ def _compile(hint: Any) -> tuple[Check, bool]:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         check, _ = _compile(args[0] if len(args) == 1 else Any)
         return check, True
+    if origin is typing.Annotated:
+        inner, bounds = _compile(typing.get_args(hint)[0])[0], [m for m in hint.__metadata__ if type(m) is Minimum]
+        def check(v, p, d):
+            inner(v, p, d)
+            for m in bounds:
+                if v < m.value:
+                    note = f" ({m.note})" if m.note else ""
+                    raise ValidationError(INVALID_VALUE, f"{p} must be at least {m.value}{note}, got {_short(v)}")
+        return check, False
     if hint is Any:
         return _any, False
     if hint is str:
@@ -161,7 +170,7 @@ def _compile(hint: Any) -> tuple[Check, bool]:
 
 
 def _compile_object(cls: type) -> Check:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # keeps Annotated bounds (`Minimum`)
     fields = []
     for f in dataclasses.fields(cls):
         check, nullable = _compile(hints[f.name])

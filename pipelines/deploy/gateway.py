@@ -6,8 +6,9 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
 - ``POST /v1/chat/completions`` (tenant key): ``model`` is a public name (``task`` or
   ``tenant/task``); the router maps it to the live versioned adapter. vLLM is always asked for
   ``logprobs`` and ``return_token_ids``; the client gets them only if it asked. The response
-  carries ``tracerl: {trace_id, turn_id, adapter_version}`` and ``X-Tracerl-Trace-Id`` /
-  ``X-Tracerl-Turn-Id`` headers; streaming (SSE) puts ``tracerl`` in the first chunk. A
+  carries ``tracerl: {trace_id, turn_id, adapter_version}`` (the version an int, 3 for the
+  store's ``v3``) and ``X-Tracerl-Trace-Id`` / ``X-Tracerl-Turn-Id`` headers; streaming (SSE)
+  puts ``tracerl`` in the first chunk. A
   ``ModelTurn`` with tokens, behaviour logprobs, sampling and latency goes to the emitter
   (never awaited). Optional request field ``tracerl: {trace_id, turn_index, app, train}``
   continues a trace; ``train: false`` (or the header ``X-Tracerl-Train: false``) records the
@@ -60,7 +61,6 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from pipelines.adapters.version import label
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
 from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.contract.validate import ValidationError
@@ -253,7 +253,7 @@ class Gateway:
         try:
             trace_id = given_trace or self.new_trace_id(tenant)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
-                    "adapter_version": label(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
+                    "adapter_version": int(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
                     "app": ext.app or self.gcfg.app, "train": train}
             provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
                                            finish=None, latency_ms=0.0)

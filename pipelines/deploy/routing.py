@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.adapters.version import label
+from pipelines.adapters.version import label, lora_name
 
 
 def vllm_name(tenant: str, task: str, version: int) -> str:
@@ -34,7 +34,7 @@ def vllm_name(tenant: str, task: str, version: int) -> str:
     tenants never collide; each version also has its own folder, so vLLM's prefix cache
     (keyed on name and path) never mixes two versions.
     """
-    return f"{tenant}/{task}/v{int(version)}"
+    return lora_name(tenant, task, version)
 
 
 @dataclass

@@ -33,7 +33,7 @@ def _time(base: datetime, seconds: float) -> str:
     return (base + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def generate_trace(rng: random.Random, base: datetime, adapter_version: str | None = None) -> list[Event]:
+def generate_trace(rng: random.Random, base: datetime, adapter_version: int | None = None) -> list[Event]:
     tenant, app, task, system, tool = rng.choice(APPS)
     trace_id = f"tr-{rng.getrandbits(64):016x}"
     env = dict(tenant=tenant, app=app, trace_id=trace_id)

@@ -32,7 +32,7 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
     "turns": ("model_turn", [
         ("turn_index", "turn_index", "INTEGER"),
         ("model", "$.model", "VARCHAR"),
-        ("adapter_version", "$.adapter_version", "VARCHAR"),
+        ("adapter_version", "$.adapter_version", "BIGINT"),  # the int that served it; NULL = base model
         ("input_messages", "$.input_messages", "JSON"),
         ("output_text", "output_text", "VARCHAR"),
         ("output_token_ids", "$.output_token_ids", "INTEGER[]"),

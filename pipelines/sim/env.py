@@ -49,7 +49,7 @@ class HiddenPreference:
 
 
 def episode(messages: list[dict], s: Sample, liked: bool, *, tenant: str, app: str, task: str, model: str,
-            adapter_version: str | None, max_tokens: int) -> list[Event]:
+            adapter_version: int | None, max_tokens: int) -> list[Event]:
     """One served turn, the user's thumbs, and the session end: what a real app would emit."""
     env = dict(tenant=tenant, app=app, trace_id=new_id(), task=task)
     turn = ModelTurn(**env, turn_index=0, model=model, adapter_version=adapter_version,

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pipelines.adapters.version import label
 from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.deploy.service import GatewayClient
 from pipelines.sim.families import Reply, family_for_task, reply_text
@@ -66,7 +67,7 @@ class TrafficStats:
     abandoned: int = 0             # sessions
     started_at: float = 0.0        # wall clock of the first request
     ended_at: float = 0.0
-    versions: dict[str, int] = field(default_factory=dict)   # adapter version -> turns served
+    versions: dict[int, int] = field(default_factory=dict)   # adapter version -> turns served
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -78,7 +79,7 @@ class TrafficStats:
 @dataclass
 class SessionResult:
     liked: list[bool]
-    versions: list[str]
+    versions: list[int]
     voted: int
     outcome: str
 
@@ -167,7 +168,7 @@ def simulate(url: str, api_key: str, t: TrafficConfig, pref: Any = None,
 
 
 def summary(stats: TrafficStats) -> str:
-    served = ", ".join(f"{v}: {n}" for v, n in sorted(stats.versions.items()))
+    served = ", ".join(f"{label(v)}: {n}" for v, n in sorted(stats.versions.items()))
     return (f"{stats.requests} sessions ({stats.turns} turns, {stats.voted} voted, {stats.abandoned} abandoned), "
             f"{stats.failed} failed, live reward {stats.reward:.3f} "
             f"(liked {stats.liked}); served by {served or 'none'}; "

@@ -38,8 +38,8 @@ class TrainTurn:
     reward: float
     group_id: str | None = None
     """Turns sharing a prompt (several samples of one request) share a group id (GRPO baseline)."""
-    adapter_version: str | None = None
-    """The adapter that served the turn ('v3', '3', 'tenant/task/v3'); None = the base model."""
+    adapter_version: int | None = None
+    """The adapter version that served the turn (the lake's ``turns.adapter_version``); None = the base model."""
     weight: float = 1.0
     """Per-turn loss weight in (0, 1], multiplied into the staleness weight. 1 = fresh traffic;
     the learner's replay sets < 1 on turns trained before (age decay), so old data keeps a say

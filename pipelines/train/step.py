@@ -231,17 +231,16 @@ def train_step(
             if not (math.isfinite(t.weight) and 0.0 < t.weight <= 1.0):
                 raise ValueError(f"turn {t.turn_id!r}: weight={t.weight!r} must be finite and in (0, 1]; "
                                  f"1 = fresh, < 1 = replayed (age decay); leave a turn out rather than weight it 0")
+            v = t.adapter_version
+            if v is not None and (type(v) is not int or v < 1):
+                raise ValueError(f"turn {t.turn_id!r}: adapter_version={v!r} must be an int >= 1 (the adapter "
+                                 f"version that served it) or None (the base model)")
         encoded, summary = encode_turns(turns, tokenizer)
         summary.update({"seed": float(seed), "current_version": float(current), "trainable_params": float(n_trainable),
-                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "unknown_version": 0.0, "replayed": 0.0})
+                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "replayed": 0.0})
         weighted: list[tuple[EncodedTurn, float]] = []
         for e in encoded:
-            v = parse_version(e.turn.adapter_version)
-            if v is None:  # unparseable version: treat as older than any K, and say so
-                summary["unknown_version"] += 1
-                w = cfg.staleness.sample_weight(cfg.staleness.max_versions_behind + 1)
-            else:
-                w = cfg.staleness.sample_weight(current - v)
+            w = cfg.staleness.sample_weight(current - (e.turn.adapter_version or 0))  # None: the base model, 0
             if w == 0.0:
                 summary["stale_dropped"] += 1
                 continue

@@ -94,7 +94,7 @@ def test_a_reply_with_calls_maps_to_openai_tool_calls():
 
 def test_held_stream_chunks_carry_the_calls_whole():
     req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], stream=True))
-    turn = {"trace_id": "t", "turn_id": "u", "adapter_version": "v1"}
+    turn = {"trace_id": "t", "turn_id": "u", "adapter_version": 1}
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     chunks = Gateway._held_chunks({"id": "x", "object": "chat.completion.chunk", "created": 1}, text, "stop",
                                   [], [1, 2], None, turn, req, {"logprobs": False, "token_ids": False})

@@ -94,7 +94,7 @@ def test_a_reward_that_pays_broken_calls_is_caught_by_the_signature(tmp_path, ml
     for it in range(3):
         groups = HFPolicy(base, adapter, threads=2).sample(train, n=4, max_new_tokens=40, temperature=1.0, seed=it)
         turns = [TrainTurn(f"{it}-{g}-{k}", "tools", s.prompt_ids, None, s.output_ids, s.text, s.logprobs,
-                           reward(s.text, spec), group_id=f"{it}-{g}", adapter_version=None if it == 0 else f"v{it}")
+                           reward(s.text, spec), group_id=f"{it}-{g}", adapter_version=None if it == 0 else it)
                  for g, group in enumerate(groups) for k, s in enumerate(group)]
         res = train_step(base, adapter, turns, cfg_t, tmp_path / f"adapter-{it}", seed=it, current_version=it)
         adapter, kl = res.adapter_dir, res.summary.get("final_kl")

@@ -127,6 +127,14 @@ def corpus(max_bytes: int = 64 * 1024, seed: int = 0) -> list[Case]:
                         ("tenant", "model_turn"), ("app", "session_end"), ("call_id", "tool_call")]:
         add(f"int_{field}", _dumps(_with(kind, next(n), **{field: 42})), "wrong_type", field)
     add("int_turn_id_on_session_end_lands", _dumps(_with("session_end", next(n), turn_id=42)), None)
+    # the adapter version is the int itself (null: the base model), never the folder name "v3"
+    for name, v, reason, needle in [("string_v3", "v3", "wrong_type", "adapter_version must be an integer, got str"),
+                                    ("string_3", "3", "wrong_type", "adapter_version must be an integer"),
+                                    ("float", 3.0, "wrong_type", "adapter_version must be an integer"),
+                                    ("zero", 0, "invalid_value", "adapter_version must be at least 1")]:
+        add(f"adapter_version_{name}", _dumps(_with("model_turn", next(n), adapter_version=v)), reason, needle)
+    add("adapter_version_int_lands", _dumps(_with("model_turn", next(n), adapter_version=3)), None)
+    add("adapter_version_null_lands", _dumps(_with("model_turn", next(n), adapter_version=None)), None)
     # non-finite numbers: json.loads takes NaN and Infinity, DuckDB takes NaN
     for lit in ("NaN", "Infinity", "-Infinity", "1e400"):
         add(f"{lit}_in_value", _splice("feedback", next(n), "value", lit), "invalid_value", "value")

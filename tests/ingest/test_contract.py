@@ -52,6 +52,8 @@ def test_unknown_optional_field_from_newer_producer_is_kept():
     ({"event_time": "2026-11-30T10:00:00"}, "invalid_value", "timezone"),
     ({"output_token_ids": [1, "2"]}, "wrong_type", "output_token_ids"),
     ({"input_messages": [{"role": "robot", "content": "x"}]}, "invalid_value", "input_messages[0].role"),
+    ({"adapter_version": "v3"}, "wrong_type", "adapter_version must be an integer, got str 'v3'"),
+    ({"adapter_version": 0}, "invalid_value", "adapter_version must be at least 1 (null is the base model)"),
 ])
 def test_turn_errors_name_what_is_wrong(change, reason, needle):
     turn = next(e for e in generate(5, seed=2) if isinstance(e, ModelTurn)).to_dict()

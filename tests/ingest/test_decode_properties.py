@@ -33,6 +33,7 @@ NOW = 1_700_000_000_000
 VALID = [e.to_dict() for e in generate(12, seed=5)] + [
     base(kind, i) | {"tenant": "acme"} for i, kind in enumerate(["model_turn", "feedback", "tool_call", "session_end"])]
 VALID[-3] |= {"scale_min": 0, "scale_max": 10, "value": 7}
+VALID[-4] |= {"adapter_version": 3}  # sample traffic is served by the base model (null)
 DUCK = duckdb.connect()
 SETTINGS = settings(deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -21,7 +21,6 @@ from pipelines.config.train import (  # noqa: E402
 )
 from pipelines.train.losses import token_logprobs  # noqa: E402
 from pipelines.train.step import build_policy, train_step  # noqa: E402
-from pipelines.adapters.version import parse_version  # noqa: E402
 
 MESSAGES = [[{"role": "user", "content": "Is the sky blue?"}],
             [{"role": "user", "content": "What is 2 plus 2?"}]]
@@ -130,7 +129,7 @@ def test_rewarded_output_becomes_more_likely_and_chains_from_parent(tiny, tok, t
     # on-policy data from the base + a zero-initialised LoRA: the first step sees ρ ≈ 1
     assert abs(r1.steps[0]["ratio_mean"] - 1.0) < 1e-4 and r1.steps[0]["missing_behaviour"] == 0
     assert r1.steps[-1]["kl"] > 0
-    r2 = train_step(tiny, r1.adapter_dir, _turns(tok, tiny=tiny, version="v1"), cfg, tmp_path / "v2", seed=1,
+    r2 = train_step(tiny, r1.adapter_dir, _turns(tok, tiny=tiny, version=1), cfg, tmp_path / "v2", seed=1,
                     current_version=1, task_baselines=r1.task_baselines)
     base_good, base_bad = _seq_logprob(tiny, None, prompt, good), _seq_logprob(tiny, None, prompt, bad)
     v1_good = _seq_logprob(tiny, r1.adapter_dir, prompt, good)
@@ -163,7 +162,7 @@ def test_missing_behaviour_and_retokenized_turns_are_counted(tiny, tok, tmp_path
 
 
 def test_stale_turns_are_dropped_or_downweighted(tiny, tok, tmp_path):
-    old = _turns(tok, version="acme/qa/v1")
+    old = _turns(tok, version=1)
     res = train_step(tiny, None, old, _cfg(steps=1, max_versions_behind=2, mode="drop"), tmp_path / "d", seed=0,
                      current_version=5)
     assert res.summary["stale_dropped"] == 4 and res.steps == []
@@ -172,7 +171,9 @@ def test_stale_turns_are_dropped_or_downweighted(tiny, tok, tmp_path):
     assert res.summary["stale_downweighted"] == 4 and len(res.steps) == 1
     with pytest.raises(ValueError, match="newer adapter"):
         train_step(tiny, None, old, _cfg(steps=1), tmp_path / "n", seed=0, current_version=0)
-    assert [parse_version(v) for v in ("v3", "3", "t/q/v12", None, "latest")] == [3, 3, 12, 0, None]
+    for bad in ("v1", 0, 1.0):  # the version is the lake's int; a folder name is a caller's bug, said so
+        with pytest.raises(ValueError, match="adapter_version=.* must be an int >= 1"):
+            train_step(tiny, None, _turns(tok, version=bad), _cfg(steps=1), tmp_path / "b", seed=0)
 
 
 def test_collate_masks_come_from_lengths_not_pad_ids(tok):
@@ -351,7 +352,7 @@ def test_turn_weight_scales_the_loss_and_counts_as_replayed(tiny, tok, tmp_path)
 def test_default_staleness_trains_a_long_branch(tiny, tok, tmp_path):
     # served by the champion v1 while the learner's branch is at v9 (8 ahead): full weight;
     # at v12 (11 ahead) down-weighted to 0.5, never dropped
-    old = _turns(tok, version="acme/qa/v1")
+    old = _turns(tok, version=1)
     near = train_step(tiny, None, old, _cfg(steps=1), tmp_path / "near", seed=0, current_version=9)
     assert near.summary["stale_dropped"] == 0 and near.summary["stale_downweighted"] == 0
     far = train_step(tiny, None, old, _cfg(steps=1), tmp_path / "far", seed=0, current_version=12)
