@@ -24,6 +24,21 @@ unwrapped; a bare ``{"name", "description", "parameters"}`` is taken as is)::
 It is SmolLM2's training prompt (its model card), except that a plain answer is
 allowed when no tool fits: customer apps send tools to chat models that must
 still chat. Everything here is pure and total: parsing never raises.
+
+A forced call (OpenAI ``tool_choice: "required"`` or ``{"type": "function",
+"function": {"name": N}}``) is served without guided decoding: the assistant
+turn is prefilled with the opening of a call (``call_prefix``), so the model
+continues inside one. ``with_tools(..., tool_choice)`` appends that prefix as a
+final, partial assistant message: the engine continues it (vLLM
+``continue_final_message``), it is part of the prompt, and the model's reply is
+the prefix plus what it sampled::
+
+    required      <tool_call>[{"name": "
+    named N       <tool_call>[{"name": "N", "arguments":
+
+Each prefix ends where SmolLM2's tokenizer splits the text anyway (before the
+name, before `` {``) and with no trailing space, which chat templates strip
+from a continued message.
 """
 
 from __future__ import annotations
@@ -68,10 +83,23 @@ def tools_system_prompt(tools: list[dict]) -> str:
     return f"{_HEAD}{TOOLS_OPEN}{listed}{TOOLS_CLOSE}{_TAIL}"
 
 
-def with_tools(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+def call_prefix(tool_choice: str | dict | None) -> str:
+    """The text a forced call's assistant turn starts with ("" unless ``tool_choice`` forces one):
+    "required" opens a call up to the function's name, a named choice up to its arguments."""
+    if tool_choice == "required":
+        return CALL_OPEN + '[{"name": "'
+    if isinstance(tool_choice, dict):
+        name = function_of(tool_choice).get("name")
+        if isinstance(name, str) and name:
+            return CALL_OPEN + '[{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments":'
+    return ""
+
+
+def with_tools(messages: list[dict], tools: list[dict] | None, tool_choice: str | dict | None = None) -> list[dict]:
     """``messages`` with the tools block as the system prompt: appended (after a blank line) to
-    an existing first system message, else prepended as one. None or [] returns them unchanged.
-    The input list and its dicts are not modified."""
+    an existing first system message, else prepended as one; a ``tool_choice`` that forces a call
+    adds the final assistant message holding ``call_prefix``. None or [] tools returns them
+    unchanged. The input list and its dicts are not modified."""
     if not tools:
         return list(messages)
     block = tools_system_prompt(tools)
@@ -79,8 +107,10 @@ def with_tools(messages: list[dict], tools: list[dict] | None) -> list[dict]:
     if out and out[0].get("role") == "system":
         own = out[0].get("content") or ""
         out[0]["content"] = f"{own}\n\n{block}" if own else block
-        return out
-    return [{"role": "system", "content": block}, *out]
+    else:
+        out = [{"role": "system", "content": block}, *out]
+    prefix = call_prefix(tool_choice)
+    return [*out, {"role": "assistant", "content": prefix}] if prefix else out
 
 
 @dataclass(frozen=True)

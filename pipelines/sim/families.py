@@ -207,10 +207,11 @@ class Tools(_Topics):
     reports the real outcome as a ToolCall event, like production.
 
     This family needs a larger model than SmolLM2-135M-Instruct: on its held-out prompts (4
-    samples each, T=1, 48 tokens, vLLM) it liked 0/128 replies with tool_choice "auto", and
-    0/128 with "required" too (the gateway prefills `<tool_call>[{"name": "`): 32 of those
-    replies were well-formed calls, 6 named one of the tools, none had valid arguments
-    (bench/RESULTS.md, "tools family on SmolLM2"). With no positive the learner has nothing to
+    samples each, T=1, 48 tokens) it liked 0/128 replies with tool_choice "auto" (base_rates,
+    docs/learning.md), and 0/128 on vLLM with "required" too (the gateway prefills
+    `<tool_call>[{"name": "`; bench/tool_choice.py): 32 of those replies were well-formed calls,
+    6 named one of the tools, none had valid arguments (bench/RESULTS.md, "tools family on
+    SmolLM2"). With no positive the learner has nothing to
     reinforce, so the app keeps tool_choice "auto"; "required" is an app setting, not the hidden
     preference, and is worth trying on a model that gets some calls right."""
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.contract.tool_calls import (
-    CALL_OPEN, check_call, parse_tool_calls, render_assistant_tool_calls, tools_system_prompt, with_tools,
+    CALL_OPEN, call_prefix, check_call, parse_tool_calls, render_assistant_tool_calls, tools_system_prompt,
+    with_tools,
 )
 
 WEATHER = {"type": "function", "function": {
@@ -109,3 +110,28 @@ def test_render_then_parse_round_trips(content, calls):
     want = [(c["function"]["name"], c["function"]["arguments"] if isinstance(c["function"]["arguments"], dict)
              else json.loads(c["function"]["arguments"])) for c in calls]
     assert [(c.name, c.arguments) for c in p.calls] == want and all(c.error is None for c in p.calls)
+
+
+def test_a_forced_choice_prefills_the_opening_of_a_call():
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    assert with_tools(msgs, [WEATHER], "auto") == with_tools(msgs, [WEATHER], None) == with_tools(msgs, [WEATHER])
+    assert with_tools(msgs, None, "required") == msgs                # no tools: nothing to force
+    out = with_tools(msgs, [WEATHER], "required")
+    assert [m["role"] for m in out] == ["system", "user", "assistant"] and out[-1]["content"] == call_prefix("required")
+    named = with_tools(msgs, [WEATHER, SMS], {"type": "function", "function": {"name": "send_sms"}})
+    assert named[:2] == with_tools(msgs, [WEATHER, SMS]) and named[-1]["role"] == "assistant"
+    for prefix in (call_prefix("required"), named[-1]["content"]):
+        assert prefix.startswith(CALL_OPEN) and prefix == prefix.strip()   # templates strip a continued message
+    # what the model writes after the prefix completes a call the parser reads back
+    said = parse_tool_calls(call_prefix("required") + 'get_weather", "arguments": {"city": "Oslo"}}]</tool_call>')
+    assert [(c.name, c.arguments, c.error) for c in said.calls] == [("get_weather", {"city": "Oslo"}, None)]
+    said = parse_tool_calls(named[-1]["content"] + ' {"to": "+4712345678"}}]</tool_call>')
+    assert [(c.name, c.arguments) for c in said.calls] == [("send_sms", {"to": "+4712345678"})]
+    assert call_prefix("auto") == call_prefix("none") == call_prefix(None) == ""
+
+
+@given(st.from_regex(r"[a-zA-Z0-9_-]{1,64}", fullmatch=True), st.dictionaries(st.text(max_size=6), _json, max_size=4))
+def test_a_named_prefix_holds_the_name_and_round_trips(name, args):
+    prefix = call_prefix({"type": "function", "function": {"name": name}})
+    said = parse_tool_calls(prefix + " " + json.dumps(args) + "}]</tool_call>")
+    assert [(c.name, c.arguments) for c in said.calls] == [(name, args)]
