@@ -381,11 +381,12 @@ def _ref(name: str) -> dict:
 
 
 def _op(summary: str, auth: str | None, ok: int, body: str | None = None, errors: tuple[int, ...] = (),
-        params: list | None = None) -> dict:
+        params: list | None = None, result: str | None = None) -> dict:
     codes = set(errors) | ({400, 413} if body else set()) | ({401} if auth == "tenantKey" else set()) | \
         ({403} if auth == "adminKey" else set())
     op: dict[str, Any] = {"summary": summary,
-                          "responses": {str(ok): {"description": "success", **_json({"type": "object"})},
+                          "responses": {str(ok): {"description": "success",
+                                                  **_json(_ref(result) if result else {"type": "object"})},
                                         **{str(c): {"description": "error", **_json(_ref("Error"))}
                                            for c in sorted(codes)}}}
     if ok == 200 and summary.startswith("List swap"):
@@ -397,6 +398,16 @@ def _op(summary: str, auth: str | None, ok: int, body: str | None = None, errors
     if params:
         op["parameters"] = params
     return op
+
+
+# What an app reads back from a chat completion beyond OpenAI's fields (gateway.ECHOED).
+CHAT_COMPLETION = {"type": "object", "description": "OpenAI's chat.completion, plus tracerl's block", "properties": {
+    "tracerl": {"type": "object", "required": ["trace_id", "turn_id", "adapter_version"], "properties": {
+        "trace_id": {"type": "string", "description": "continue the trace with tracerl.trace_id on the next turn"},
+        "turn_id": {"type": "string", "description": "what feedback and tool calls name"},
+        "adapter_version": {"type": "integer", "minimum": 1,
+                            "description": "the adapter version that served the turn, as `tracerl adapters` "
+                                           "lists it (3 for v3); the recorded ModelTurn carries the same int"}}}}}
 
 
 def openapi(version: str = "1") -> dict[str, Any]:
@@ -411,6 +422,7 @@ def openapi(version: str = "1") -> dict[str, Any]:
         "type": "object", "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}}
+    schemas["ChatCompletion"] = CHAT_COMPLETION
     limit = SwapsQuery.model_json_schema()["properties"]["limit"]
     return {
         "openapi": "3.1.0",
@@ -421,7 +433,7 @@ def openapi(version: str = "1") -> dict[str, Any]:
             "adminKey": {"type": "http", "scheme": "bearer", "description": "the admin key"}}},
         "paths": {
             "/v1/chat/completions": {"post": _op("Chat completion (JSON or SSE), recorded as a ModelTurn",
-                                                 "tenantKey", 200, "ChatRequest", (404, 502))},
+                                                 "tenantKey", 200, "ChatRequest", (404, 502), result="ChatCompletion")},
             "/v1/feedback": {"post": _op("Feedback, a tool call or a session end for one of this tenant's traces",
                                          "tenantKey", 202, "FeedbackRequest", (403, 404))},
             "/v1/models": {"get": _op("This tenant's public model names", "tenantKey", 200)},

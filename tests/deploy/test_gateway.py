@@ -16,10 +16,11 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from pipelines.config import TracerlConfig
-from pipelines.deploy import admin
+from pipelines.deploy import admin, schemas
 from pipelines.config.gateway import GatewayConfig
 from pipelines.deploy.service import GatewayClient, GatewayThread, build_gateway, swap_history
 from pipelines.models.registry import base_model_hash
@@ -110,6 +111,7 @@ def test_serve_path_tokens_and_logprobs_reach_kafka(stack):
     out = acme.chat("support", HI, max_tokens=8, temperature=1.0, seed=1, logprobs=True, return_token_ids=True)
     t = out["tracerl"]
     assert out["model"] == "support" and t["adapter_version"] == 1 and out["choices"][0]["token_ids"]
+    jsonschema.validate(out, schemas.openapi()["components"]["schemas"]["ChatCompletion"])  # what /openapi.json says
     plain = acme.chat("acme/support", HI, max_tokens=4)  # no logprobs asked: none returned
     assert plain["choices"][0]["logprobs"] is None and "token_ids" not in plain["choices"][0]
     # streaming: SSE chunks, tracerl in the first one, trace id in the header
