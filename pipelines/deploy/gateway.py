@@ -23,7 +23,12 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   engine saw and did: the rendered messages, the raw output text, tokens, logprobs and vLLM's
   own finish reason. With ``stream`` and tools the reply is sent when it is complete (a call
   cannot be told from prose until it is), as OpenAI-shaped chunks. ``tool_choice: "none"``
-  serves the messages without the tools.
+  serves the messages without the tools. ``"required"`` or a named function forces a call
+  without guided decoding: the assistant turn is prefilled with the call's opening
+  (``ChatRequest.prefix``; vLLM continues it), the prefix is part of the recorded prompt (the
+  final input message, and ``prompt_token_ids``), the sampled continuation is the turn's output
+  with its logprobs, and the reply (``tool_calls``, or the text when the call is malformed) is
+  parsed from prefix + continuation.
 - ``POST /v1/feedback`` (tenant key): ``{type: feedback|tool_call|session_end, trace_id, ...}``.
 - ``GET /v1/models`` (tenant key): this tenant's public names.
 - ``POST /admin/deploy {tenant, task, version, who?}``, ``POST /admin/rollback {tenant, task,
@@ -306,7 +311,10 @@ class Gateway:
                    prompt_ids=data.get("prompt_token_ids"), finish=choice.get("finish_reason"),
                    latency_ms=latency_ms)
         data["model"] = req.model
-        reply = tool_reply(choice["message"].get("content") or "") if req.tools_active() else None
+        said = req.prefix() + (choice["message"].get("content") or "")  # the model's whole reply
+        reply = tool_reply(said) if req.tools_active() else None
+        if req.prefix():
+            choice["message"]["content"] = said
         if reply is not None:
             choice["message"].update(reply)
             choice["finish_reason"] = "tool_calls"
@@ -370,7 +378,7 @@ class Gateway:
                     first = False
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if hold:
-                for chunk in self._held_chunks(template or {}, "".join(text), finish, lp_entries, ids,
+                for chunk in self._held_chunks(template or {}, req.prefix() + "".join(text), finish, lp_entries, ids,
                                                prompt_ids, turn, req, want):
                     await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")

@@ -4,9 +4,11 @@ Strict means a value of the wrong JSON type is refused, never coerced: ``max_tok
 ``top_k: 5.0`` would otherwise be served, then recorded in a ModelTurn the contract rejects.
 
 Chat: the OpenAI fields the gateway serves and records. ``tools`` (function tools) and
-``tool_choice`` ("auto" | "none") are rendered into the prompt by the gateway, never forwarded
-(``pipelines.contract.tool_calls``); assistant messages may carry ``tool_calls`` and tool
-messages answer them. Unknown fields are a 400, not passed through: anything forwarded to vLLM could change the sampling distribution (``logit_bias``,
+``tool_choice`` ("auto" | "none" | "required" | ``{"type": "function", "function": {"name"}}``)
+are rendered into the prompt by the gateway, never forwarded (``pipelines.contract.tool_calls``):
+a choice that forces a call prefills the assistant turn with the call's opening, so sampling is
+never constrained and the recorded logprobs stay the model's own. Assistant messages may carry
+``tool_calls`` and tool messages answer them. Unknown fields are a 400, not passed through: anything forwarded to vLLM could change the sampling distribution (``logit_bias``,
 ``min_p``, guided decoding, ...) while the recorded ``Sampling`` would not say so, and the
 learner's off-policy correction would silently use the wrong behaviour policy. Add a field here
 (and to ``Sampling`` if it shapes sampling) to serve it. ``n`` is 1: one request, one turn.
@@ -32,7 +34,7 @@ from pydantic import (BaseModel, ConfigDict, Field, RootModel, StringConstraints
 from pydantic import ValidationError as PydanticError
 from pydantic_core import PydanticCustomError
 
-from pipelines.contract.tool_calls import render_assistant_tool_calls, with_tools
+from pipelines.contract.tool_calls import call_prefix, render_assistant_tool_calls, with_tools
 
 from pipelines.contract.events import EVENT_TYPES, Event
 from pipelines.deploy.errors import ApiError
@@ -124,6 +126,32 @@ class FunctionDef(Strict):
 class FunctionTool(Strict):
     type: Literal["function"]
     function: FunctionDef
+
+
+class ChosenFunction(Strict):
+    name: ToolName
+
+
+class NamedToolChoice(Strict):
+    """``tool_choice`` naming the function the reply must call (one of the request's tools)."""
+
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+_TOOL_CHOICE_DOC = {  # what the validator of ChatRequest.tool_choice accepts
+    "anyOf": [{"enum": ["auto", "none", "required"],
+               "description": 'auto (default with tools): the model decides; none: tools are not shown; '
+                              'required: the reply calls one of the tools (the gateway prefills the opening of a '
+                              'call, no guided decoding: the model may still write a malformed call)'},
+              {"type": "object", "required": ["type", "function"], "additionalProperties": False,
+               "description": "the reply calls this function (one of the tools sent): the gateway prefills the "
+                              "call up to its arguments",
+               "properties": {"type": {"const": "function"},
+                              "function": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                           "properties": {"name": {"type": "string",
+                                                                   "pattern": "^[a-zA-Z0-9_-]{1,64}$"}}}}},
+              {"type": "null"}]}
 
 
 class CalledFunction(Strict):
@@ -218,22 +246,38 @@ class ChatRequest(Strict):
     frequency_penalty: Penalty | None = None
     user: Name | None = None
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
-    # documented as what is served; "required" and named choices get a 400 saying so
-    tool_choice: Annotated[str | dict[str, Any] | None,
-                           WithJsonSchema({"anyOf": [{"enum": ["auto", "none"]}, {"type": "null"}]})] = None
+    tool_choice: Annotated[Any, WithJsonSchema(_TOOL_CHOICE_DOC)] = None  # checked by _choice
     tracerl: TracerlExtension | None = None
 
     @field_validator("tool_choice")
     @classmethod
-    def _choice(cls, v: str | dict[str, Any] | None) -> str | None:
+    def _choice(cls, v: Any, info: ValidationInfo) -> str | dict[str, Any] | None:
         if v is None or v in ("auto", "none"):
             return v
-        if v == "required" or isinstance(v, dict):
-            raise PydanticCustomError("unsupported_tool_choice", "{got} is not supported yet: use "
-                                      "\"auto\" (the model decides) or \"none\"",
-                                      {"got": "'required'" if v == "required" else "a named function"})
-        raise PydanticCustomError("invalid_tool_choice", "tool_choice must be \"auto\" or \"none\", got {got}",
-                                  {"got": repr(v)[:40]})
+        if isinstance(v, dict):
+            try:
+                v = NamedToolChoice.model_validate(v).model_dump()
+            except PydanticError as err:
+                first = err.errors(include_input=False, include_url=False)[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise PydanticCustomError("invalid_tool_choice", "{where}{why}; a named choice is "
+                                          '{"type": "function", "function": {"name": <one of the tools>}}',
+                                          {"where": f"at {where}: " if where else "", "why": first["msg"]}) from None
+        elif v != "required":
+            raise PydanticCustomError("invalid_tool_choice", 'must be "auto", "none", "required" or '
+                                      '{"type": "function", "function": {"name": ...}}, got {got}',
+                                      {"got": repr(v)[:40]})
+        names = [t.function.name for t in info.data.get("tools") or []]
+        if not names:
+            raise PydanticCustomError("tool_choice_without_tools", "{got} forces a tool call, but the request "
+                                      "sends no tools", {"got": "'required'" if v == "required" else
+                                                                 repr(v["function"]["name"])})
+        if isinstance(v, dict) and v["function"]["name"] not in names:
+            raise PydanticCustomError("unknown_tool_choice", "names {name}, which is not one of the tools "
+                                      "sent ({names})", {"name": repr(v["function"]["name"]),
+                                                               "names": ", ".join(names)[:200]})
+        return v
+
 
     @field_validator("tools")
     @classmethod
@@ -252,21 +296,30 @@ class ChatRequest(Strict):
     def tool_dicts(self) -> list[dict[str, Any]]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
 
+    def prefix(self) -> str:
+        """The prefilled start of the reply: a forced call's opening (``call_prefix``), else ""."""
+        return call_prefix(self.tool_choice) if self.tools_active() else ""
+
     def served_messages(self) -> list[dict[str, Any]]:
         """The messages the model is given, as recorded: tool calls rendered as text, the tools
-        block in the system prompt when tools are active."""
+        block in the system prompt when tools are active, and a forced call's ``prefix`` as the
+        final (partial) assistant message."""
         msgs = [{k: v for k, v in (("role", m.role), ("content", m.text()), ("name", m.name),
                                     ("tool_call_id", m.tool_call_id)) if v is not None} for m in self.messages]
-        return with_tools(msgs, self.tool_dicts() if self.tools_active() else None)
+        return with_tools(msgs, self.tool_dicts() if self.tools_active() else None, self.tool_choice)
 
     def output_tokens(self) -> int | None:
         """What vLLM takes as the output limit (max_completion_tokens wins)."""
         return self.max_completion_tokens or self.max_tokens
 
     def upstream(self) -> dict[str, Any]:
-        """The body for vLLM: what the client set, without our extension."""
-        return dict(self.model_dump(exclude_none=True, exclude={"tracerl", "tools", "tool_choice", "messages"}),
+        """The body for vLLM: what the client set, without our extension; with a ``prefix``, vLLM
+        continues the final assistant message instead of opening a new turn."""
+        body = dict(self.model_dump(exclude_none=True, exclude={"tracerl", "tools", "tool_choice", "messages"}),
                     messages=self.served_messages())
+        if self.prefix():
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        return body
 
 
 # -- feedback, tool calls, session ends: from the contract ---------------------------------------

@@ -13,7 +13,10 @@ import json
 
 import pytest
 
-from pipelines.contract.tool_calls import parse_tool_calls, tools_system_prompt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipelines.contract.tool_calls import call_prefix, parse_tool_calls, tools_system_prompt, with_tools
 from pipelines.deploy import schemas
 from pipelines.deploy.errors import ApiError
 from pipelines.deploy.gateway import Gateway, tool_reply
@@ -46,10 +49,17 @@ def body(**fields):
      "extra_forbidden"),
     ({"tools": [WEATHER] * 65}, "tools", None),
     ({"tools": [WEATHER, WEATHER]}, "tools", "duplicate_tool"),
-    ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice", "unsupported_tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice", "unsupported_tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice_without_tools"),
+    ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+     "tool_choice", "tool_choice_without_tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "tool_choice", "unknown_tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get weather"}}},
+     "tool_choice", "invalid_tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}, "tool_choice",
+     "invalid_tool_choice"),
     ({"tool_choice": "sometimes"}, "tool_choice", "invalid_tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": ["required"]}, "tool_choice", "invalid_tool_choice"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]}]},
      "messages[0].tool_calls[0].function.arguments", "invalid_arguments"),
@@ -64,8 +74,51 @@ def test_bad_tools_are_a_400_naming_the_field(fields, param, code):
         schemas.parse(schemas.ChatRequest, body(**fields))
     assert err.value.status == 400 and err.value.param == param and param in err.value.message
     assert code is None or err.value.code == code
-    if code == "unsupported_tool_choice":
-        assert "not supported yet" in err.value.message and '"auto"' in err.value.message
+
+
+_CHOICES = ("auto", "none", "required")
+_named = st.builds(lambda n: {"type": "function", "function": {"name": n}}, st.text(max_size=70))
+_hostile = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12),
+                     st.sampled_from(_CHOICES), _named,
+                     st.dictionaries(st.sampled_from(["type", "function", "name", "x"]),
+                                     st.one_of(st.text(max_size=12), _named, st.dictionaries(
+                                         st.sampled_from(["name", "arguments"]), st.text(max_size=12))), max_size=3),
+                     st.lists(st.sampled_from(_CHOICES), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile, st.sampled_from([None, [], [WEATHER]]))
+def test_any_tool_choice_is_served_as_openai_means_it_or_a_400_naming_it(choice, tools):
+    fields = {"tool_choice": choice, **({} if tools is None else {"tools": tools})}
+    names = [t["function"]["name"] for t in tools or []]
+    forced = choice == "required" or (isinstance(choice, dict) and set(choice) == {"type", "function"}
+                                      and choice["type"] == "function" and isinstance(choice["function"], dict)
+                                      and set(choice["function"]) == {"name"})
+    ok = choice is None or choice in ("auto", "none") or (forced and (choice == "required" or
+                                                                      choice["function"]["name"] in names) and names)
+    try:
+        req = schemas.parse(schemas.ChatRequest, body(**fields))
+    except ApiError as err:
+        assert not ok and err.status == 400, choice
+        assert err.param == "tool_choice" and err.message.startswith("tool_choice: ")
+        return
+    assert ok, choice
+    up = req.upstream()
+    assert "tool_choice" not in up and "tools" not in up
+    if forced:                          # the model continues the opening of a call
+        assert up["messages"][-1] == {"role": "assistant", "content": req.prefix()} and req.prefix()
+        assert up["continue_final_message"] is True and up["add_generation_prompt"] is False
+    else:
+        assert up["messages"][-1] == ASK[-1] and "continue_final_message" not in up and req.prefix() == ""
+
+
+def test_a_forced_call_is_prefilled_and_parsed_from_prefix_plus_continuation():
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], tool_choice=named))
+    assert req.served_messages()[:-1] == with_tools(ASK, [WEATHER]) and req.prefix() == call_prefix(named)
+    assert tool_reply(req.prefix() + ' {"city": "Oslo"}}]</tool_call>')["tool_calls"][0]["function"] == \
+        {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}
+    assert schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], tool_choice="none")).prefix() == ""
 
 
 def test_tools_are_rendered_into_the_served_prompt_not_forwarded():
@@ -94,11 +147,13 @@ def test_a_reply_with_calls_maps_to_openai_tool_calls():
 
 def test_held_stream_chunks_carry_the_calls_whole():
     req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], stream=True))
-    turn = {"trace_id": "t", "turn_id": "u", "adapter_version": 1}
+    turn = {"trace_id": "t", "turn_id": "u", "adapter_version": 1, "train": True}
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     chunks = Gateway._held_chunks({"id": "x", "object": "chat.completion.chunk", "created": 1}, text, "stop",
                                   [], [1, 2], None, turn, req, {"logprobs": False, "token_ids": False})
-    assert chunks[0]["tracerl"] == turn and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    echoed = chunks[0]["tracerl"]                 # the turn's ids (and whatever else the gateway echoes)
+    assert echoed["turn_id"] == "u" and echoed == {k: turn[k] for k in echoed}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     call0 = chunks[1]["choices"][0]["delta"]["tool_calls"][0]
     assert call0["index"] == 0 and json.loads(call0["function"]["arguments"]) == {"city": "Oslo"}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
@@ -108,12 +163,14 @@ def test_held_stream_chunks_carry_the_calls_whole():
 
 # -- the served path: tiny vLLM, real Kafka -------------------------------------------------------
 
-def _prompt_ids(boundary, messages: list[dict]) -> list[int]:
-    """The served model's own chat template over the recorded messages."""
+def _prompt_ids(boundary, messages: list[dict], continue_final: bool = False) -> list[int]:
+    """The served model's own chat template over the recorded messages (``continue_final``: the last
+    one is the prefilled start of the reply)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(boundary.root / "tiny")
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+    return list(tok.apply_chat_template(messages, add_generation_prompt=not continue_final,
+                                        continue_final_message=continue_final, tokenize=True,
                                         return_dict=True)["input_ids"])
 
 
@@ -154,6 +211,33 @@ def test_a_tools_request_is_served_in_openai_shape_and_recorded_as_served(bounda
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_is_served_as_a_continued_prefix_and_recorded_as_served(boundary, choice):
+    status, out = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"],
+                       body(tools=[WEATHER], tool_choice=choice, return_token_ids=True, logprobs=True))
+    assert status == 200, out
+    tid = out["tracerl"]["turn_id"]
+    turn = kafka_events(boundary.cfg, {tid})[tid]
+    prefix = call_prefix(choice)
+    # the prefix is the prompt's end: the last input message, and inside the recorded prompt ids
+    assert turn["input_messages"] == [*with_tools(ASK, [WEATHER]), {"role": "assistant", "content": prefix}]
+    assert turn["prompt_token_ids"] == out["prompt_token_ids"] == _prompt_ids(boundary, turn["input_messages"],
+                                                                                continue_final=True)
+    # the output is only what was sampled, with one behaviour logprob per token
+    assert turn["output_token_ids"] == out["choices"][0]["token_ids"]
+    assert len(turn["output_logprobs"]) == len(turn["output_token_ids"]) > 0
+    assert not turn["output_text"].startswith(prefix)
+    # the reply is parsed from prefix + continuation
+    expect, msg = tool_reply(prefix + turn["output_text"]), out["choices"][0]["message"]
+    if expect is None:
+        assert msg["content"] == prefix + turn["output_text"] and not msg.get("tool_calls")
+        assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    else:
+        assert [c["function"] for c in msg["tool_calls"]] == [c["function"] for c in expect["tool_calls"]]
+        assert out["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.slow
 def test_multi_turn_with_tool_calls_and_a_tool_result_is_accepted_and_recorded(boundary):
     history = [*ASK,
                {"role": "assistant", "content": None, "tool_calls": [
@@ -180,8 +264,8 @@ def test_invalid_tools_are_a_400_over_http_and_stream_with_tools_is_openai_chunk
     bad = body(tools=[{"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}])
     status, err = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"], bad)
     assert status == 400 and is_openai_error(err) and err["error"]["param"] == "tools[0].function.parameters"
-    status, err = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"], body(tools=[WEATHER], tool_choice="required"))
-    assert status == 400 and err["error"]["param"] == "tool_choice" and "not supported yet" in err["error"]["message"]
+    status, err = call(f"{boundary.url}/v1/chat/completions", KEYS["acme"], body(tool_choice="required"))
+    assert status == 400 and err["error"]["param"] == "tool_choice" and "sends no tools" in err["error"]["message"]
 
     import urllib.request
     req = urllib.request.Request(f"{boundary.url}/v1/chat/completions", method="POST",
