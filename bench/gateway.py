@@ -44,7 +44,7 @@ async def phase(url: str, key: str | None, model: str, extra: dict) -> tuple[flo
 
 def main() -> None:
     with serve_stack(versions=1) as stack:
-        admin_call(stack["url"], "/admin/deploy", {"tenant": "acme", "task": "support", "version": 1, "who": "bench"})
+        admin_call(stack["url"], "/internal/swap", {"tenant": "acme", "task": "support", "version": 1, "who": "bench"})
         lp = {"logprobs": True, "return_token_ids": True}
         sides = {"direct": (stack["vllm"], None, "acme/support/v1", lp),
                  "gateway": (stack["url"], KEYS["acme"], "support", {})}

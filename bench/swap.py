@@ -171,12 +171,13 @@ async def run_load(url: str, swaps: list[tuple[float, str, dict]]) -> tuple[list
 
 
 def main() -> None:
-    swaps = [(6.0 + 9.0 * i, "/admin/deploy", {"tenant": "acme", "task": "support", "version": v, "who": "bench"})
+    # the swap primitive itself (what reconcile calls), not the registry: v2..v6, then back to v5
+    swaps = [(6.0 + 9.0 * i, "/internal/swap", {"tenant": "acme", "task": "support", "version": v, "who": "bench"})
              for i, v in enumerate(range(2, 7))]
-    swaps.append((56.0, "/admin/rollback", {"tenant": "acme", "task": "support", "who": "bench"}))
+    swaps.append((56.0, "/internal/swap", {"tenant": "acme", "task": "support", "version": 5, "who": "bench"}))
     with serve_stack(versions=6) as stack:
-        admin_call(stack["url"], "/admin/deploy", {"tenant": "acme", "task": "support", "version": 1, "who": "bench"})
-        print(f"{CLIENTS} clients for {DURATION_S:.0f}s, max_tokens={MAX_TOKENS}; 5 promotions and 1 rollback:")
+        admin_call(stack["url"], "/internal/swap", {"tenant": "acme", "task": "support", "version": 1, "who": "bench"})
+        print(f"{CLIENTS} clients for {DURATION_S:.0f}s, max_tokens={MAX_TOKENS}; 5 swaps up and 1 back:")
         results, windows = asyncio.run(run_load(stack["url"], swaps))
     failed = [r for r in results if not r[2]]
     inside = [e - s for s, e, ok, _ in results if ok and any(s < we and e > ws for ws, we in windows)]

@@ -10,7 +10,8 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   store's ``v3``) and ``X-Tracerl-Trace-Id`` / ``X-Tracerl-Turn-Id`` headers; streaming (SSE)
   puts ``tracerl`` in the first chunk. A
   ``ModelTurn`` with tokens, behaviour logprobs, sampling and latency goes to the emitter
-  (never awaited). Optional request field ``tracerl: {trace_id, turn_index, app, train}``
+  (never awaited); ``tracerl.train`` in the response echoes the flag the turn was recorded
+  with. Optional request field ``tracerl: {trace_id, turn_index, app, train}``
   continues a trace; ``train: false`` (or the header ``X-Tracerl-Train: false``) records the
   turn with ``train: false``: it lands and gets rewards, the learner never trains on it
   (evaluation traffic, users without consent). Anything but a JSON boolean there, or anything
@@ -31,9 +32,15 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   parsed from prefix + continuation.
 - ``POST /v1/feedback`` (tenant key): ``{type: feedback|tool_call|session_end, trace_id, ...}``.
 - ``GET /v1/models`` (tenant key): this tenant's public names.
-- ``POST /admin/deploy {tenant, task, version, who?}``, ``POST /admin/rollback {tenant, task,
-  who?}``, ``GET /admin/swaps?limit=``, ``GET /admin/stats`` (admin key). ``GET /health`` (503
-  when the emitter is dead), ``GET /openapi.json`` (this API, generated from ``schemas.py``).
+- ``POST /admin/deploy {tenant, task, version, who?, why, force?}`` and ``POST /admin/rollback
+  {tenant, task, who?, why}`` (admin key) are ``tracerl deploy | rollback``: they move the
+  registry's ``champion`` alias with who and why, then reconcile this gateway to it in-process
+  (``operations``, with ``deployer.promote`` as the swap: no HTTP call back into itself), so the
+  next ``deployment`` run changes nothing. ``POST /internal/swap {tenant, task, version, who?}``
+  is the reconciler's swap primitive (``service.swap``), not an operator route: it swaps without
+  reading the registry, and a swap the alias does not name is undone by the next reconcile.
+  ``GET /admin/swaps?limit=``, ``GET /admin/stats`` (admin key). ``GET /health`` (503 when the
+  emitter is dead), ``GET /openapi.json`` (this API, generated from ``schemas.py``).
 
 Validation at the door: every body is parsed as strict JSON (``json_body``: size, depth, finite
 numbers, encodable strings), checked against its schema (``schemas``), and the event it makes
@@ -79,7 +86,8 @@ from pipelines.deploy.keys import KeyRing
 from pipelines.deploy.routing import Router, UnknownModel
 from pipelines.deploy.schemas import ChatRequest, parse
 
-TRAIN_HEADER = "X-Tracerl-Train"  # "false": record the turn as never to be trained on
+TRAIN_HEADER = schemas.TRAIN_HEADER  # "false": record the turn as never to be trained on
+ECHOED = ("trace_id", "turn_id", "adapter_version", "train")  # the response's `tracerl` block
 BYTES_PER_OUTPUT_TOKEN = 64    # an output token's share of the event: text, id, logprob (JSON)
 DEFAULT_OUTPUT_TOKENS = 4096   # the room kept for the output when the request sets no limit
 # event field -> request field, to name the client's field when the contract refuses an event
@@ -116,6 +124,7 @@ class Gateway:
     def __init__(self, gcfg: GatewayConfig, router: Router, deployer: Deployer, emitter: Emitter,
                  secret: bytes, admin_key: str, keys: KeyRing | None = None):
         self.gcfg, self.router, self.deployer, self.emitter = gcfg, router, deployer, emitter
+        self.cfg = emitter.cfg  # the stack's config: the registry /admin/deploy and /admin/rollback move
         self._secret, self._admin_key = secret, admin_key
         self._turn_secret = hmac.new(secret, b"tracerl turn ids", hashlib.sha256).digest()  # not a trace key
         self.keys = keys or KeyRing(gcfg.api_keys, None)  # configured keys only, unless given a folder
@@ -134,6 +143,7 @@ class Gateway:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/admin/deploy", self.admin_deploy)
         app.router.add_post("/admin/rollback", self.admin_rollback)
+        app.router.add_post("/internal/swap", self.internal_swap)
         app.router.add_get("/admin/swaps", self.admin_swaps)
         app.router.add_get("/admin/stats", self.admin_stats)
         app.router.add_get("/health", self.health)
@@ -319,7 +329,7 @@ class Gateway:
             choice["message"].update(reply)
             choice["finish_reason"] = "tool_calls"
         self._strip(data, want)
-        data["tracerl"] = {k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")}
+        data["tracerl"] = {k: turn[k] for k in ECHOED}
         return web.json_response(data, headers=headers)
 
     @staticmethod
@@ -374,7 +384,7 @@ class Gateway:
                 chunk["model"] = req.model
                 self._strip(chunk, want)
                 if first:
-                    chunk["tracerl"] = {k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")}
+                    chunk["tracerl"] = {k: turn[k] for k in ECHOED}
                     first = False
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if hold:
@@ -408,7 +418,7 @@ class Gateway:
             first["logprobs"] = {"content": lp_entries}
         if want["token_ids"]:
             first["token_ids"] = ids
-        chunks = [dict(base, choices=[first], tracerl={k: turn[k] for k in ("trace_id", "turn_id", "adapter_version")})]
+        chunks = [dict(base, choices=[first], tracerl={k: turn[k] for k in ECHOED})]
         if want["token_ids"] and prompt_ids is not None:
             chunks[0]["prompt_token_ids"] = prompt_ids
         if reply is not None:
@@ -480,23 +490,52 @@ class Gateway:
 
     # -- admin --------------------------------------------------------------------------------
 
-    async def _admin_swap(self, request: web.Request, action: str) -> web.Response:
+    async def _operator(self, request: web.Request, action: str) -> web.Response:
+        """``tracerl deploy | rollback`` over HTTP: move ``champion`` with who and why, then
+        reconcile this gateway in a worker thread (the swap drains requests this loop serves)."""
+        from pipelines.adapters.promote import RegistryError
+        from pipelines.deploy import operations
+
         self._admin(request)
-        model = schemas.DeployRequest if action == "deploy" else schemas.RollbackRequest
-        req = parse(model, await self._body(request))
-        args = (req.tenant, req.task, req.version) if action == "deploy" else (req.tenant, req.task)
-        fn = self.deployer.promote if action == "deploy" else self.deployer.rollback
+        if action == "deploy":
+            d = parse(schemas.DeployRequest, await self._body(request))
+            run, tenant, task = (lambda: operations.deploy(self.cfg, d.tenant, d.task, d.version, d.who or "admin",
+                                                           d.why, force=d.force, swapper=self.deployer.promote),
+                                 d.tenant, d.task)
+        else:
+            r = parse(schemas.RollbackRequest, await self._body(request))
+            run, tenant, task = (lambda: operations.rollback(self.cfg, r.tenant, r.task, r.who or "admin", r.why,
+                                                             swapper=self.deployer.promote), r.tenant, r.task)
         try:
-            record = await asyncio.to_thread(fn, *args, req.who or "admin")
+            result = await asyncio.to_thread(run)
+        except operations.Refused as err:
+            raise ApiError(409, f"refused: {err}", "force", kind="deploy_error", code="refused") from None
+        except operations.NotRegistered as err:
+            raise ApiError(404, str(err), "version", kind="deploy_error", code="not_registered") from None
+        except RegistryError as err:
+            raise ApiError(409, str(err), kind="deploy_error", code=f"{action}_refused") from None
+        if not result.ok:
+            raise ApiError(409, f"{action} {tenant}/{task}: the registry moved ({result.registry.get('reason')}), "
+                                f"but {result.summary()}; the next `deployment` run retries",
+                           kind="deploy_error", code="swap_failed")
+        return web.json_response(result.to_dict(), dumps=lambda o: json.dumps(o, default=str))
+
+    async def admin_deploy(self, request: web.Request) -> web.Response:
+        return await self._operator(request, "deploy")
+
+    async def admin_rollback(self, request: web.Request) -> web.Response:
+        return await self._operator(request, "rollback")
+
+    async def internal_swap(self, request: web.Request) -> web.Response:
+        """The reconciler's swap primitive (``service.swap``): load, flip, drain, unload."""
+        self._admin(request)
+        req = parse(schemas.SwapRequest, await self._body(request))
+        try:
+            record = await asyncio.to_thread(self.deployer.promote, req.tenant, req.task, req.version,
+                                             req.who or "reconcile")
         except DeployError as err:
             raise ApiError(409, str(err), kind="deploy_error") from None
         return web.json_response(record)
-
-    async def admin_deploy(self, request: web.Request) -> web.Response:
-        return await self._admin_swap(request, "deploy")
-
-    async def admin_rollback(self, request: web.Request) -> web.Response:
-        return await self._admin_swap(request, "rollback")
 
     async def admin_swaps(self, request: web.Request) -> web.Response:
         self._admin(request)

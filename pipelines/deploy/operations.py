@@ -2,8 +2,10 @@
 
 `champion` is what should serve; these are the only ways a person moves it (the gate moves it
 too, pipelines/adapters/promote.py), and each reconciles the gateway at once, so the route follows
-within the command. Nothing automatic undoes them: the `deployment` asset reconciles to the
-same alias, and a rolled-back version is never promoted again except by `deploy` here.
+within the command. The gateway's `/admin/deploy` and `/admin/rollback` are `deploy` and
+`rollback` here too (with the gateway's own swap primitive as ``swapper``). Nothing automatic
+undoes them: the `deployment` asset reconciles to the same alias, and a rolled-back version is
+never promoted again except by `deploy` here.
 
 Versions are adapter-store versions (what `tracerl adapters` lists and routes name: v3); the
 registry version behind each is looked up by its `adapter_version` tag.
@@ -15,11 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.config import TracerlConfig
-from pipelines.deploy.reconcile import ReconcileReport, TargetResult, reconcile
+from pipelines.deploy.reconcile import ReconcileReport, Swapper, TargetResult, reconcile
 
 
 class Refused(RuntimeError):
     """The registry's record forbids the action (a gate-rejected version without --force)."""
+
+
+class NotRegistered(LookupError):
+    """The adapter version has no model version in the registry."""
 
 
 @dataclass
@@ -63,28 +69,29 @@ def _version(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int) -
 
     mv = registry.version_for_adapter(cfg, tenant, task, adapter_version)
     if mv is None:
-        raise LookupError(f"{tenant}/{task} adapter v{adapter_version} is not registered in MLflow "
+        raise NotRegistered(f"{tenant}/{task} adapter v{adapter_version} is not registered in MLflow "
                           f"(model {registry.model_name(tenant, task)}); `tracerl adapters --tenant {tenant} "
                           f"--task {task}` lists the adapter versions")
     return mv
 
 
 def _settle(cfg: TracerlConfig, action: str, tenant: str, task: str, registry: dict[str, Any],
-            who: str) -> ActionResult:
-    report: ReconcileReport = reconcile(cfg, [(tenant, task)], who=who)
+            who: str, swapper: Swapper | None = None) -> ActionResult:
+    report: ReconcileReport = reconcile(cfg, [(tenant, task)], who=who, swapper=swapper)
     return ActionResult(action, tenant, task, registry, report.targets[0], report.gateway_running)
 
 
-def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str, why: str) -> ActionResult:
+def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str, why: str,
+             swapper: Swapper | None = None) -> ActionResult:
     """`champion` back to the version it replaced; the current one is marked rolled back."""
     from pipelines.adapters import promote
 
     done = promote.rollback(cfg, tenant, task, who=who, why=_why(why, "rollback"))
-    return _settle(cfg, "rollback", tenant, task, done, who)
+    return _settle(cfg, "rollback", tenant, task, done, who, swapper)
 
 
 def deploy(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who: str, why: str,
-           force: bool = False) -> ActionResult:
+           force: bool = False, swapper: Swapper | None = None) -> ActionResult:
     """`champion` to adapter ``adapter_version``. Refused (``Refused``) for a version the gate
     rejected (reject, contaminated) or a reviewer rejected, unless ``force``: then recorded as a
     forced override with who and why. A version never gated is deployed (the operator's call)."""
@@ -119,7 +126,7 @@ def deploy(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who
         done = promote.move_champion(cfg, tenant, task, str(mv.version), action=action, who=who, why=why,
                                      extra_tags=extra)
         done["gate_decision"] = decision or "none (never gated)"
-    return _settle(cfg, "deploy", tenant, task, done, who)
+    return _settle(cfg, "deploy", tenant, task, done, who, swapper)
 
 
 def approve(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who: str, why: str) -> ActionResult:

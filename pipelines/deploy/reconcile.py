@@ -3,7 +3,9 @@
 Controller style. For each tenant/task, the desired adapter version is the registry's
 `champion` alias and the live one is the gateway's route (`<home>/deploy/routes.json`, which
 the gateway rewrites on every flip). Where they differ, one hot swap through the gateway's
-admin API (`service.swap`); where they agree, nothing. So it is safe to run any time, as often
+reconciler-only swap route (`service.swap`), or, inside the gateway (its `/admin/deploy` and
+`/admin/rollback`), its own swap primitive (``swapper``: no HTTP call back into itself); where
+they agree, nothing. So it is safe to run any time, as often
 as wanted: the `deployment` asset runs it after every gate and hourly, and every operator
 action (pipelines/deploy/operations.py) runs it right after moving the alias. Nothing here
 decides what should serve: that is the alias, moved only by the gate and by operators.
@@ -18,7 +20,7 @@ the report says so, the other routes still reconcile.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pipelines.adapters.version import label, tag_version
 from pipelines.config import TracerlConfig
@@ -27,6 +29,7 @@ SERVED_FROM, SERVED_UNTIL, STOPPED = "tracerl.served_from", "tracerl.served_unti
 
 Step = Literal["in_sync", "no_champion", "wait", "swap"]
 Outcome = Literal["in_sync", "no_champion", "waiting", "swapped", "failed"]
+Swapper = Callable[[str, str, int, str], dict[str, Any]]  # (tenant, task, version, who) -> the swap record
 
 
 def plan(desired: int | None, live: int | None, gateway_running: bool) -> Step:
@@ -100,15 +103,19 @@ def default_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:
 
 
 def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
-              who: str = "reconcile") -> ReconcileReport:
-    """Make the gateway serve each target's champion; ``who`` lands in the swap log."""
+              who: str = "reconcile", swapper: Swapper | None = None) -> ReconcileReport:
+    """Make the gateway serve each target's champion; ``who`` lands in the swap log. ``swapper``:
+    the swap primitive of the gateway this runs in (then the gateway is running by definition);
+    without it, the running gateway's swap route."""
+    from pipelines.deploy.deployer import DeployError
     from pipelines.deploy.routing import Router
     from pipelines.deploy.service import GatewayError, read_gateway_state, swap
     from pipelines.adapters.promote import REASON, alias_version
     from pipelines.adapters.registry import CHAMPION
 
     routes = cfg.home / "deploy" / "routes.json"
-    report = ReconcileReport(gateway_running=read_gateway_state(cfg) is not None)
+    do_swap: Swapper = swapper or (lambda tenant, task, version, by: swap(cfg, tenant, task, version, who=by))
+    report = ReconcileReport(gateway_running=swapper is not None or read_gateway_state(cfg) is not None)
     for tenant, task in (default_targets(cfg) if targets is None else targets):
         live = Router(routes).live(tenant, task)
         before = live.version if live else None
@@ -121,8 +128,8 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         if step != "swap":
             continue
         try:
-            result.swap = swap(cfg, tenant, task, desired, who=who)
-        except (GatewayError, OSError) as e:  # the old version keeps serving; go on with the others
+            result.swap = do_swap(tenant, task, desired, who)
+        except (GatewayError, DeployError, OSError) as e:  # the old version keeps serving; go on with the others
             raced = Router(routes).live(tenant, task)
             if raced is not None and raced.version == desired:  # another reconcile swapped it meanwhile
                 result.after, result.outcome = desired, "in_sync"

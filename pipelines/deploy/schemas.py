@@ -365,14 +365,38 @@ class FeedbackRequest(RootModel[Annotated[Union[tuple(FEEDBACK_BODIES.values())]
 
 # -- admin ----------------------------------------------------------------------------------------
 
+Version = Annotated[int, Field(ge=1, le=INT32[1])]  # an adapter-store version (v3 is 3)
+Why = Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=r"\S")]  # recorded on the versions
+
+
+class DeployRequest(Strict):
+    """Make adapter ``version`` the registry's ``champion`` with who and why, then serve it
+    (``tracerl deploy``); a version the gate or a reviewer rejected needs ``force``."""
+
+    tenant: Ident
+    task: Ident
+    version: Version
+    who: Name | None = None
+    why: Why
+    force: bool = False
+
+
 class RollbackRequest(Strict):
+    """Move ``champion`` back to the version it replaced, then serve it (``tracerl rollback``)."""
+
     tenant: Ident
     task: Ident
     who: Name | None = None
+    why: Why
 
 
-class DeployRequest(RollbackRequest):
-    version: Annotated[int, Field(ge=1, le=INT32[1])]
+class SwapRequest(Strict):
+    """Reconciler only: hot-swap the route to ``version``, which the caller read from ``champion``."""
+
+    tenant: Ident
+    task: Ident
+    version: Version
+    who: Name | None = None
 
 
 class SwapsQuery(BaseModel):
@@ -408,7 +432,7 @@ def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
 
 
 _FIELDS = _field_names([TextPart, FunctionDef, FunctionTool, CalledFunction, AssistantToolCall, ChatMessage, TracerlExtension, ChatRequest, RollbackRequest, DeployRequest,
-                        SwapsQuery, *FEEDBACK_BODIES.values()])
+                        SwapRequest, SwapsQuery, *FEEDBACK_BODIES.values()])
 
 
 def _param(loc: tuple, keep_last: bool = False) -> str | None:
@@ -434,7 +458,7 @@ def _ref(name: str) -> dict:
 
 
 def _op(summary: str, auth: str | None, ok: int, body: str | None = None, errors: tuple[int, ...] = (),
-        params: list | None = None, result: str | None = None) -> dict:
+        params: list | None = None, description: str | None = None, result: str | None = None) -> dict:
     codes = set(errors) | ({400, 413} if body else set()) | ({401} if auth == "tenantKey" else set()) | \
         ({403} if auth == "adminKey" else set())
     op: dict[str, Any] = {"summary": summary,
@@ -450,9 +474,20 @@ def _op(summary: str, auth: str | None, ok: int, body: str | None = None, errors
         op["requestBody"] = {"required": True, **_json(_ref(body))}
     if params:
         op["parameters"] = params
+    if description:
+        op["description"] = description
     return op
 
 
+TRAIN_HEADER = "X-Tracerl-Train"  # "false": record the turn as never to be trained on
+TRAIN_PARAM = {"name": TRAIN_HEADER, "in": "header", "required": False,
+               "schema": {"type": "string", "enum": ["true", "false"]},
+               "description": "false: record the turn with train=false (it lands and gets rewards, the learner "
+                              "never trains on it: eval traffic, users without consent). Same as the body's "
+                              "tracerl.train; sending both with different values is a 400. Default true."}
+CHAT_DESCRIPTION = ("The response's `tracerl` block (the first chunk when streaming) carries trace_id, turn_id, "
+                    "adapter_version and train: the effective flag the turn was recorded with (header "
+                    "X-Tracerl-Train or tracerl.train, true when neither is sent).")
 # What an app reads back from a chat completion beyond OpenAI's fields (gateway.ECHOED).
 CHAT_COMPLETION = {"type": "object", "description": "OpenAI's chat.completion, plus tracerl's block", "properties": {
     "tracerl": {"type": "object", "required": ["trace_id", "turn_id", "adapter_version"], "properties": {
@@ -460,7 +495,16 @@ CHAT_COMPLETION = {"type": "object", "description": "OpenAI's chat.completion, p
         "turn_id": {"type": "string", "description": "what feedback and tool calls name"},
         "adapter_version": {"type": "integer", "minimum": 1,
                             "description": "the adapter version that served the turn, as `tracerl adapters` "
-                                           "lists it (3 for v3); the recorded ModelTurn carries the same int"}}}}}
+                                           "lists it (3 for v3); the recorded ModelTurn carries the same int"},
+        "train": {"type": "boolean", "description": "the train flag the turn was recorded with"}}}}}
+DEPLOY_DESCRIPTION = ("Moves the registry's `champion` alias with who and why (recorded on the model versions), "
+                      "then reconciles this gateway to it, like `tracerl deploy | rollback`: the next "
+                      "`deployment` run finds the route in sync and changes nothing. Deploy refuses (409) a "
+                      "version the gate or a reviewer rejected unless `force` (recorded as a forced override); "
+                      "404: the version is not registered. The answer: {action, registry, serving, summary}.")
+SWAP_DESCRIPTION = ("The reconciler's swap primitive (`tracerl deploy`, the `deployment` asset): loads, flips, "
+                    "drains, unloads, without reading the registry. A swap to a version the champion does not "
+                    "name is undone by the next reconcile: operators use /admin/deploy and /admin/rollback.")
 
 
 def openapi(version: str = "1") -> dict[str, Any]:
@@ -468,7 +512,7 @@ def openapi(version: str = "1") -> dict[str, Any]:
     from pydantic.json_schema import models_json_schema
 
     _, defs = models_json_schema([(m, "validation") for m in (ChatRequest, FeedbackRequest, DeployRequest,
-                                                                RollbackRequest)],
+                                                                RollbackRequest, SwapRequest)],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
     schemas["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -486,14 +530,19 @@ def openapi(version: str = "1") -> dict[str, Any]:
             "adminKey": {"type": "http", "scheme": "bearer", "description": "the admin key"}}},
         "paths": {
             "/v1/chat/completions": {"post": _op("Chat completion (JSON or SSE), recorded as a ModelTurn",
-                                                 "tenantKey", 200, "ChatRequest", (404, 502), result="ChatCompletion")},
+                                                 "tenantKey", 200, "ChatRequest", (404, 502), params=[TRAIN_PARAM],
+                                                 description=CHAT_DESCRIPTION, result="ChatCompletion")},
             "/v1/feedback": {"post": _op("Feedback, a tool call or a session end for one of this tenant's traces",
                                          "tenantKey", 202, "FeedbackRequest", (403, 404))},
             "/v1/models": {"get": _op("This tenant's public model names", "tenantKey", 200)},
-            "/admin/deploy": {"post": _op("Hot-swap a tenant/task to a published version", "adminKey", 200,
-                                          "DeployRequest", (409,))},
-            "/admin/rollback": {"post": _op("Swap a tenant/task back to its previous version", "adminKey", 200,
-                                            "RollbackRequest", (409,))},
+            "/admin/deploy": {"post": _op("Make an adapter version the registry's champion, then serve it",
+                                          "adminKey", 200, "DeployRequest", (404, 409),
+                                          description=DEPLOY_DESCRIPTION)},
+            "/admin/rollback": {"post": _op("Move the champion back to the version it replaced, then serve it",
+                                            "adminKey", 200, "RollbackRequest", (409,),
+                                            description=DEPLOY_DESCRIPTION)},
+            "/internal/swap": {"post": _op("Reconciler only: hot-swap a route to the champion's version",
+                                           "adminKey", 200, "SwapRequest", (409,), description=SWAP_DESCRIPTION)},
             "/admin/swaps": {"get": _op("List swap records, oldest first", "adminKey", 200, errors=(400,), params=[
                 {"name": "limit", "in": "query", "required": False, "schema": limit}])},
             "/admin/stats": {"get": _op("Gateway, emitter and route counters", "adminKey", 200)},

@@ -207,11 +207,12 @@ def _gateway_url(cfg: TracerlConfig) -> str:
 
 
 def swap(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str) -> dict[str, Any]:
-    """Hot-swap adapter ``version`` into the running gateway (load, flip, drain, unload): the one
-    swap primitive, called by reconcile (pipelines/deploy/reconcile.py), which decides what should
-    serve from the registry's ``champion``. The swap record, or GatewayError (the old version keeps
-    serving)."""
-    return _call(f"{_gateway_url(cfg)}/admin/deploy", admin_key(cfg),
+    """Hot-swap adapter ``version`` into the running gateway (load, flip, drain, unload) through
+    its reconciler-only ``/internal/swap``: the one swap primitive, called by reconcile
+    (pipelines/deploy/reconcile.py), which decides what should serve from the registry's
+    ``champion``. Operators move the alias instead (``tracerl deploy``, ``/admin/deploy``). The swap
+    record, or GatewayError (the old version keeps serving)."""
+    return _call(f"{_gateway_url(cfg)}/internal/swap", admin_key(cfg),
                  {"tenant": tenant, "task": task, "version": int(version), "who": who})
 
 

@@ -82,8 +82,9 @@ def stack(tmp_path_factory, broker):
     stop_vllm(vhome)
 
 
-def deploy(url: str, version: int, tenant: str = "acme", task: str = "support", who: str = "test"):
-    return http(f"{url}/admin/deploy", ADMIN, {"tenant": tenant, "task": task, "version": version, "who": who})
+def swap(url: str, version: int, tenant: str = "acme", task: str = "support", who: str = "test"):
+    """The reconciler's swap primitive (these tests exercise the swap itself, not the registry)."""
+    return http(f"{url}/internal/swap", ADMIN, {"tenant": tenant, "task": task, "version": version, "who": who})
 
 
 def kafka_events(cfg: TracerlConfig, ids: set[str]) -> dict[str, dict]:
@@ -106,7 +107,7 @@ def kafka_events(cfg: TracerlConfig, ids: set[str]) -> dict[str, dict]:
 
 def test_serve_path_tokens_and_logprobs_reach_kafka(stack):
     url, cfg = stack["url"], stack["cfg"]
-    assert deploy(url, 1)[0] == 200 and deploy(url, 1, tenant="globex")[0] == 200
+    assert swap(url, 1)[0] == 200 and swap(url, 1, tenant="globex")[0] == 200
     acme = GatewayClient(url, KEYS["acme"])
     out = acme.chat("support", HI, max_tokens=8, temperature=1.0, seed=1, logprobs=True, return_token_ids=True)
     t = out["tracerl"]
@@ -143,7 +144,7 @@ def test_serve_path_tokens_and_logprobs_reach_kafka(stack):
 def test_tenants_reach_only_their_own_models_and_traces(stack):
     url = stack["url"]
     if "support" not in [m["id"] for m in http(f"{url}/v1/models", KEYS["acme"])[1]["data"]]:
-        deploy(url, 1)
+        swap(url, 1)
     status, out = http(f"{url}/v1/chat/completions", KEYS["acme"], {"model": "support", "messages": HI, "max_tokens": 2})
     assert status == 200
     assert http(f"{url}/v1/chat/completions", None, {"model": "support", "messages": HI})[0] == 401
@@ -156,7 +157,8 @@ def test_tenants_reach_only_their_own_models_and_traces(stack):
     assert http(f"{url}/v1/feedback", KEYS["acme"], {"trace_id": forged, "turn_id": "x", "kind": "thumbs"})[0] == 404
     assert [m["id"] for m in http(f"{url}/v1/models", KEYS["globex"])[1]["data"]] == ["support"]
     # admin needs the admin key; vLLM's own admin routes do not exist on the gateway
-    assert deploy(url, 2)[0] == 200 and http(f"{url}/admin/deploy", KEYS["acme"], {"tenant": "acme"})[0] == 403
+    assert swap(url, 2)[0] == 200 and http(f"{url}/admin/deploy", KEYS["acme"], {"tenant": "acme"})[0] == 403
+    assert http(f"{url}/internal/swap", KEYS["acme"], {"tenant": "acme"})[0] == 403
     assert http(f"{url}/admin/swaps", KEYS["acme"])[0] == 403
     for method, path in [("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter"),
                          ("POST", "/adapters"), ("DELETE", "/adapters/acme%2Fsupport%2Fv2"),
@@ -170,7 +172,7 @@ def test_tenants_reach_only_their_own_models_and_traces(stack):
 def test_a_request_vllm_fails_is_counted_against_its_route(stack):
     """What the swap records' failed_requests count: a request vLLM answers with an error."""
     url = stack["url"]
-    deploy(url, 1)  # a live route (409 when it already is)
+    swap(url, 1)  # a live route (409 when it already is)
 
     def route():
         _, stats = http(f"{url}/admin/stats", ADMIN)
@@ -188,7 +190,7 @@ def test_a_request_vllm_fails_is_counted_against_its_route(stack):
 
 def test_deploy_under_concurrent_load_fails_no_request(stack):
     url, vllm = stack["url"], stack["vllm"]
-    deploy(url, 1)
+    swap(url, 1)
     results: list[tuple[int, int | str]] = []
     stop = threading.Event()
 
@@ -203,7 +205,7 @@ def test_deploy_under_concurrent_load_fails_no_request(stack):
         th.start()
     try:
         assert wait_for(lambda: len(results) >= 10, 60)
-        swaps = [deploy(url, v) for v in (2, 3)]
+        swaps = [swap(url, v) for v in (2, 3)]
         n = len(results)
         assert wait_for(lambda: len(results) >= n + 10, 60)
     finally:
@@ -219,22 +221,77 @@ def test_deploy_under_concurrent_load_fails_no_request(stack):
     assert "acme/support/v3" in served and not {"acme/support/v1", "acme/support/v2"} & served
 
 
-def test_rollback_goes_to_the_previous_version_and_is_recorded(stack):
-    url, cfg = stack["url"], stack["cfg"]
-    deploy(url, 2, who="alice")
-    deploy(url, 3, who="alice")
-    status, rec = http(f"{url}/admin/rollback", ADMIN, {"tenant": "acme", "task": "support", "who": "bob"})
-    assert status == 200 and (rec["from"], rec["to"], rec["who"]) == ("v3", "v2", "bob")
-    out = GatewayClient(url, KEYS["acme"]).chat("support", HI, max_tokens=2)
-    assert out["tracerl"]["adapter_version"] == 2
-    log = swap_history(cfg)
-    assert log[-1]["action"] == "rollback" and log[-1]["ok"] and log[-1]["at"]
-    assert http(f"{url}/admin/swaps", ADMIN)[1][-1] == log[-1]
+def register(cfg: TracerlConfig, version: int, tenant: str = "acme", task: str = "support") -> str:
+    """Adapter ``version`` registered in the real MLflow store as the learner does; the registry version."""
+    from pipelines import tracking
+    from pipelines.adapters import registry
+
+    with tracking.run(cfg, "learner", tags={"tracerl.stage": "learner"}, params={}) as run:
+        pass
+    return registry.register_candidate(cfg, tenant, task, run.info.run_id, version, {})
+
+
+def test_admin_deploy_and_rollback_move_the_champion_and_a_reconcile_after_changes_nothing(stack):
+    """The admin routes are `tracerl deploy | rollback`: the registry's champion moves with who and
+    why, the route follows, so nothing is left that the next `deployment` run would swap back."""
+    from pipelines.adapters import promote, registry
+    from pipelines.deploy.reconcile import reconcile
+    from pipelines.tracking import client
+
+    url, cfg, gw = stack["url"], stack["cfg"], stack["gw"].gateway
+    rv = {v: register(cfg, v) for v in (1, 2, 3)}
+
+    def live() -> int | None:
+        route = gw.router.live("acme", "support")
+        return route.version if route else None
+
+    def champion() -> int | None:
+        return registry.adapter_for_alias(cfg, "acme", "support", registry.CHAMPION)
+
+    def act(action: str, **body):
+        return http(f"{url}/admin/{action}", ADMIN, {"tenant": "acme", "task": "support", **body})
+
+    for v in (2, 3):
+        status, out = act("deploy", version=v, who="alice", why=f"ship v{v}")
+        assert status == 200 and out["serving"]["outcome"] == "swapped", out
+        assert champion() == v == live() and out["registry"]["reason"] == f"deploy by alice: ship v{v}"
+    assert swap_history(cfg)[-1]["who"] == "alice"
+
+    # a gate-rejected version needs force, like `tracerl deploy`
+    promote.set_tags(cfg, "acme", "support", rv[1], {promote.DECISION: "reject", "tracerl.gate.reasons": "worse"})
+    status, body = act("deploy", version=1, who="alice", why="try")
+    assert status == 409 and body["error"]["code"] == "refused" and "the gate decided reject: worse" in \
+        body["error"]["message"] and champion() == 3 == live()
+
+    status, out = act("rollback", who="bob", why="latency regression")
+    assert status == 200 and (out["serving"]["before"], out["serving"]["after"]) == (3, 2)
+    assert champion() == 2 == live() and swap_history(cfg)[-1]["who"] == "bob"
+    assert GatewayClient(url, KEYS["acme"]).chat("support", HI, max_tokens=2)["choices"]
+    t3 = client(cfg).get_model_version("acme.support", rv[3]).tags
+    assert t3[promote.STATUS] == promote.ROLLED_BACK and t3["tracerl.rolled_back_why"] == "latency regression"
+    assert http(f"{url}/admin/swaps", ADMIN)[1][-1] == swap_history(cfg)[-1]
+
+    swaps = len(swap_history(cfg))  # what a `deployment` run does next: nothing
+    assert [t.outcome for t in reconcile(cfg, [("acme", "support")]).targets] == ["in_sync"]
+    assert len(swap_history(cfg)) == swaps and live() == 2
+
+    status, out = act("deploy", version=1, who="carol", why="customer asked", force=True)
+    assert status == 200 and champion() == 1 == live()
+    assert client(cfg).get_model_version("acme.support", rv[1]).tags[promote.REASON] == \
+        "forced deploy by carol: customer asked"
+    # refusals name what was wrong, and change nothing
+    assert act("deploy", version=2, who="x")[1]["error"]["param"] == "why"
+    assert act("deploy", version=2, why="   ")[1]["error"]["param"] == "why"
+    status, body = act("deploy", version=77, why="typo")
+    assert status == 404 and body["error"]["param"] == "version" and "v77 is not registered" in \
+        body["error"]["message"]
+    assert http(f"{url}/admin/rollback", ADMIN, {"tenant": "globex", "task": "support", "why": "x"})[0] == 409
+    assert champion() == 1 == live()
 
 
 def test_bad_adapters_fail_the_deploy_clearly_and_the_old_one_keeps_serving(stack):
     url, store, base, root, h = stack["url"], stack["store"], stack["base"], stack["root"], stack["hash"]
-    deploy(url, 3)
+    swap(url, 3)
     wrong_base = publish(store, base, root / "src-1", "f" * 64)
     pickled = publish(store, base, root / "src-2", h)
     (pickled.path / "adapter_model.bin").write_bytes(b"pickle")
@@ -246,7 +303,7 @@ def test_bad_adapters_fail_the_deploy_clearly_and_the_old_one_keeps_serving(stac
              (too_big.version, "greater than max_lora_rank"), (99, "outside the adapter store"),
              (1234, "not a published adapter")]
     for version, words in cases:
-        status, body = deploy(url, version)
+        status, body = swap(url, version)
         assert status == 409 and words in body["error"]["message"], (version, body)
         out = GatewayClient(url, KEYS["acme"]).chat("support", HI, max_tokens=2)
         assert out["tracerl"]["adapter_version"] == 3
@@ -270,7 +327,7 @@ def test_kafka_down_during_traffic_fails_no_request_and_loses_no_turn(stack, tmp
     gw = GatewayThread(build_gateway(cfg, gcfg, max_block_ms=1000, bootstrap_timeout_ms=1000,
                                      request_timeout_ms=1000))
     try:
-        assert deploy(gw.url, 3)[0] == 200
+        assert swap(gw.url, 3)[0] == 200
         client = GatewayClient(gw.url, KEYS["acme"])
         [client.chat("support", HI, max_tokens=4) for _ in range(3)]
         emitter = gw.gateway.emitter

@@ -57,9 +57,9 @@ def test_no_route_answers_5xx_to_schema_generated_requests(boundary):
     rejected_before = gw.emitter.stats()["rejected"]
     t0 = time.monotonic()
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) == len(doc["paths"]) == 9
+    assert len(operations) == len(doc["paths"]) == 10
     for op in operations:
-        key = ADMIN if op.path.startswith("/admin") else KEYS["acme"]
+        key = ADMIN if op.path.startswith(("/admin", "/internal")) else KEYS["acme"]
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             seen = statuses.setdefault(f"{op.method.upper()} {op.path} {mode.value}", Counter())
 

@@ -163,16 +163,28 @@ ADMIN_CASES = [
     ("GET", "/admin/swaps?limit=99999999999999999999999", None, 400, "limit"),
     ("POST", "/admin/deploy", b"[]", 400, None),
     ("POST", "/admin/deploy", b"{", 400, None),
-    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": "1"}).encode(), 400,
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": "1", "why": "x"}).encode(),
+     400, "version"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "../etc", "task": "support", "version": 1, "why": "x"}).encode(),
+     400, "tenant"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme\n", "task": "support", "version": 1, "why": "x"}).encode(),
+     400, "tenant"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "why": "x"}).encode(), 400, "version"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": 1}).encode(), 400, "why"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": 1, "why": " \t"}).encode(),
+     400, "why"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": 1, "why": "x",
+                                          "force": "yes"}).encode(), 400, "force"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": 99, "why": "x"}).encode(),
+     404, "version"),
+    ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": None, "why": "x"}).encode(), 400, "task"),
+    ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": "support", "who": 5, "why": "x"}).encode(), 400,
+     "who"),
+    ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": "support", "why": "x"}).encode(), 409, None),
+    ("POST", "/internal/swap", b"[]", 400, None),
+    ("POST", "/internal/swap", json.dumps({"tenant": "acme", "task": "support", "version": 1.5}).encode(), 400,
      "version"),
-    ("POST", "/admin/deploy", json.dumps({"tenant": "../etc", "task": "support", "version": 1}).encode(), 400,
-     "tenant"),
-    ("POST", "/admin/deploy", json.dumps({"tenant": "acme\n", "task": "support", "version": 1}).encode(), 400,
-     "tenant"),
-    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support"}).encode(), 400, "version"),
-    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": 99}).encode(), 409, None),
-    ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": None}).encode(), 400, "task"),
-    ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": "support", "who": 5}).encode(), 400, "who"),
+    ("POST", "/internal/swap", json.dumps({"tenant": "acme", "task": "support", "version": 99}).encode(), 409, None),
 ]
 
 
@@ -233,7 +245,8 @@ def test_routes_methods_health_and_openapi_answer_json(boundary):
     status, doc = call(f"{url}/openapi.json", None)
     assert status == 200 and doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/feedback", "/v1/models", "/admin/deploy",
-                                 "/admin/rollback", "/admin/swaps", "/admin/stats", "/health", "/openapi.json"}
+                                 "/admin/rollback", "/internal/swap", "/admin/swaps", "/admin/stats", "/health",
+                                 "/openapi.json"}
     assert call(f"{url}/admin/swaps?limit=1", ADMIN)[0] == 200
 
 

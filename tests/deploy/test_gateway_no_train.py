@@ -46,6 +46,7 @@ def test_a_turn_marked_not_for_training_lands_gets_a_reward_and_is_never_trained
         status, out = chat(boundary.url, prompt, **kw)
         assert status == 200, out
         turns[label] = out["tracerl"]
+        assert out["tracerl"]["train"] is (label in ("twin", "consented")), out["tracerl"]  # the effective flag
         status, fb = call(f"{boundary.url}/v1/feedback", KEYS["acme"], {
             "type": "feedback", "trace_id": out["tracerl"]["trace_id"], "turn_id": out["tracerl"]["turn_id"],
             "kind": "thumbs", "value": 1})
@@ -112,9 +113,31 @@ def test_any_header_or_body_value_of_the_flag_is_recorded_or_a_400_naming_it(bou
             assert is_openai_error(out) and out["error"]["param"] == want, out
             assert "train" in out["error"]["message"].lower(), out
         else:
+            assert out["tracerl"]["train"] is want, (header, body, out["tracerl"])  # echoed as recorded
             recorded[out["tracerl"]["turn_id"]] = want
 
     check()
     assert True in recorded.values() and False in recorded.values()  # both outcomes were served
     events = kafka_events(boundary.cfg, set(recorded))
     assert {t: e["train"] for t, e in events.items()} == recorded
+
+
+@pytest.mark.slow
+def test_a_stream_echoes_the_flag_in_its_first_chunk_and_the_api_document_names_the_header(boundary):
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"{boundary.url}/v1/chat/completions", method="POST", data=json.dumps(
+        {"model": "support", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2,
+         "stream": True}).encode(), headers={"Authorization": f"Bearer {KEYS['acme']}",
+                                             "Content-Type": "application/json", HEADER: "false"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        first = next(json.loads(line[6:]) for line in resp.read().decode().split("\n") if line.startswith("data: "))
+    assert first["tracerl"]["train"] is False
+    assert kafka_events(boundary.cfg, {first["tracerl"]["turn_id"]})[first["tracerl"]["turn_id"]]["train"] is False
+
+    status, doc = call(f"{boundary.url}/openapi.json", None)
+    chat_op = doc["paths"]["/v1/chat/completions"]["post"]
+    header = next(p for p in chat_op["parameters"] if p["in"] == "header")
+    assert status == 200 and header["name"] == HEADER and header["schema"]["enum"] == ["true", "false"]
+    assert "tracerl.train" in header["description"] and "train" in chat_op["description"]

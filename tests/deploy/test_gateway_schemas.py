@@ -130,6 +130,6 @@ def test_openapi_document_loads_in_schemathesis_and_covers_every_route():
     ops = [r.ok() for r in schemathesis.openapi.from_dict(doc).get_all_operations()]
     assert {(o.method.upper(), o.path) for o in ops} == {
         ("POST", "/v1/chat/completions"), ("POST", "/v1/feedback"), ("GET", "/v1/models"),
-        ("POST", "/admin/deploy"), ("POST", "/admin/rollback"), ("GET", "/admin/swaps"),
+        ("POST", "/admin/deploy"), ("POST", "/admin/rollback"), ("POST", "/internal/swap"), ("GET", "/admin/swaps"),
         ("GET", "/admin/stats"), ("GET", "/health"), ("GET", "/openapi.json")}
     assert doc["components"]["schemas"]["ChatRequest"]["additionalProperties"] is False
