@@ -225,6 +225,29 @@ def test_rollback_moves_alias_and_route_and_the_next_deployment_run_changes_noth
 
 
 @pytest.mark.slow
+def test_admin_deploy_over_http_moves_the_alias_and_the_next_deployment_run_changes_nothing(env):
+    """The gateway process's /admin/deploy is `tracerl deploy`: the alias moves with who and why, the
+    gateway reconciles itself, and the hourly `deployment` run finds nothing to swap back."""
+    from pipelines.deploy.service import admin_key, read_gateway_state
+    from tests.deploy.gateway_http import call
+
+    s, (tenant, task) = env, tenant_task()
+    rv1, av1 = first_champion(s, tenant, task)
+    rv2, av2 = publish(s, tenant, task, seed=2)
+    status, out = call(f"{read_gateway_state(s.cfg).url}/admin/deploy", admin_key(s.cfg),
+                       {"tenant": tenant, "task": task, "version": av2, "who": "dana", "why": "hotfix"})
+    assert status == 200 and out["serving"]["outcome"] == "swapped", out
+    assert champion(s, tenant, task) == av2 == s.live(tenant, task)
+    assert tags(s, tenant, task, rv2)[promote.REASON] == "deploy by dana: hotfix"
+    assert tags(s, tenant, task, rv1)[STOPPED] == f"replaced by v{av2} (deploy by dana: hotfix)"
+
+    swaps = swap_count(s)
+    meta = deployment_run(s, tenant, task)
+    assert meta["swapped"] == 0 and meta["versions_after"] == {f"{tenant}/{task}": f"v{av2}"}
+    assert swap_count(s) == swaps and s.live(tenant, task) == av2
+
+
+@pytest.mark.slow
 def test_reconcile_twice_is_a_no_op(env):
     s, (tenant, task) = env, tenant_task()
     rv, av = first_champion(s, tenant, task)
