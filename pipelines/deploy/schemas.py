@@ -278,7 +278,6 @@ class ChatRequest(Strict):
                                                                "names": ", ".join(names)[:200]})
         return v
 
-
     @field_validator("tools")
     @classmethod
     def _unique_tools(cls, v: list[FunctionTool] | None) -> list[FunctionTool] | None:

@@ -20,11 +20,12 @@ from typing import Any
 from pipelines.adapters import registry
 from pipelines.config import TracerlConfig
 from pipelines.contract.events import Event, Feedback, Message, ModelTurn, Sampling, SessionEnd, ToolCall, new_id
-from pipelines.contract.tool_calls import parse_tool_calls, with_tools
+from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.ingest.producer import TraceProducer
 from pipelines.ingest.run import run_ingest
 from pipelines.reward.engine import run_rewards
 from pipelines.sim.env import HiddenPreference
+from pipelines.sim.families import model_input
 from pipelines.sim.policy import HFPolicy, Sample
 from pipelines.sim.sessions import Session, TurnRecord, UserModel
 from pipelines.adapters.store import AdapterStore
@@ -52,12 +53,6 @@ class SimTask:
         return cls(task=family.task, **kw)
 
 
-def model_input(family: Any, messages: list[dict]) -> list[dict]:
-    """What the model reads: the family's tools rendered into the prompt as the gateway does."""
-    tools = getattr(family, "tools", None)
-    return with_tools(messages, list(tools)) if tools else messages
-
-
 def held_out_reward(policy: HFPolicy, pref: Any, t: SimTask, seed: int) -> float:
     """Mean reward (share of liked replies) on prompts the learner never trains on."""
     held = [model_input(pref, m) for m in t.prompts("heldout", pref)]
@@ -66,7 +61,7 @@ def held_out_reward(policy: HFPolicy, pref: Any, t: SimTask, seed: int) -> float
 
 
 def turn_events(env: dict, messages: list[dict], s: Sample, rec: TurnRecord, family: Any, *, model: str,
-                adapter_version: str | None, max_tokens: int) -> list[Event]:
+                adapter_version: int | None, max_tokens: int) -> list[Event]:
     """One served turn, the tool calls the app ran, and the user's signals about it."""
     turn = ModelTurn(**env, turn_index=rec.turn_index, model=model, adapter_version=adapter_version,
                      input_messages=[Message(**m) for m in messages], output_text=s.text,
@@ -85,7 +80,7 @@ def turn_events(env: dict, messages: list[dict], s: Sample, rec: TurnRecord, fam
 
 
 def serve_and_collect(cfg: TracerlConfig, policy: HFPolicy, pref: Any, t: SimTask,
-                      adapter_version: str | None, seed: int) -> tuple[float, int, dict[str, int]]:
+                      adapter_version: int | None, seed: int) -> tuple[float, int, dict[str, int]]:
     """Serve the training prompts as sessions, emit turns + signals to Kafka; (live reward, events, counts).
 
     Turn 0 of every session is sampled in groups of `t.group` per prompt (the GRPO groups);
@@ -129,7 +124,7 @@ def serve_and_collect(cfg: TracerlConfig, policy: HFPolicy, pref: Any, t: SimTas
 
 
 def iterate(cfg: TracerlConfig, base: Path, policy: HFPolicy, pref: Any, t: SimTask,
-            adapter_version: str | None, seed: int, now: datetime) -> tuple[LearnerResult, HFPolicy, dict]:
+            adapter_version: int | None, seed: int, now: datetime) -> tuple[LearnerResult, HFPolicy, dict]:
     """One turn of the loop; `now` is the event-time clock used to settle rewards."""
     live, events, counts = serve_and_collect(cfg, policy, pref, t, adapter_version, seed)
     ingest = run_ingest(cfg)
@@ -142,4 +137,4 @@ def iterate(cfg: TracerlConfig, base: Path, policy: HFPolicy, pref: Any, t: SimT
     return r, policy, {"live_reward": live, "events": events, "landed": ingest.landed, **counts}
 
 
-__all__ = ["SimTask", "held_out_reward", "iterate", "serve_and_collect", "turn_events", "model_input"]
+__all__ = ["SimTask", "held_out_reward", "iterate", "serve_and_collect", "turn_events"]

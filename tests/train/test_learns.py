@@ -45,7 +45,7 @@ def test_reward_on_held_out_prompts_rises_well_above_noise(cfg):
         assert stats["landed"] == stats["events"]
         assert r.status == "trained", r.reason
         assert r.new_turns == len(t.prompts("train")) * t.group  # each turn trains exactly once
-        version = f"v{r.adapter_version}"
+        version = r.adapter_version
 
     after = statistics.mean(held_out_reward(policy, pref, t, seed) for seed in range(EVAL_SEEDS))
     print(f"held-out reward {before:.3f} (sd {sd:.3f} over {EVAL_SEEDS} eval seeds) -> {after:.3f}; "

@@ -51,7 +51,7 @@ def test_a_rare_preference_with_sparse_votes_rises_well_above_noise(cfg):
         assert stats["landed"] == stats["events"]
         assert r.status == "trained", r.reason
         voted, turns, replayed = voted + stats["voted"], turns + stats["turns"], replayed + r.replayed_turns
-        version = f"v{r.adapter_version}"
+        version = r.adapter_version
 
     after = statistics.mean(held_out_reward(policy, pref, t, seed) for seed in range(EVAL_SEEDS))
     print(f"style (tiny): held-out {before:.3f} (sd {sd:.3f} over {EVAL_SEEDS} eval seeds) -> {after:.3f}; "
