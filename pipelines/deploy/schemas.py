@@ -29,8 +29,8 @@ import json
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import (BaseModel, ConfigDict, Field, RootModel, StringConstraints, ValidationInfo, WithJsonSchema,
-                      create_model, field_validator)
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, RootModel, StringConstraints, ValidationInfo,
+                      WithJsonSchema, create_model, field_validator)
 from pydantic import ValidationError as PydanticError
 from pydantic_core import PydanticCustomError
 
@@ -365,7 +365,18 @@ class FeedbackRequest(RootModel[Annotated[Union[tuple(FEEDBACK_BODIES.values())]
 # -- admin ----------------------------------------------------------------------------------------
 
 Version = Annotated[int, Field(ge=1, le=INT32[1])]  # an adapter-store version (v3 is 3)
-Why = Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=r"\S")]  # recorded on the versions
+
+
+def _said_something(v: str) -> str:
+    """Python's notion of blank (what the alias move checks: ``str.strip``), not the JSON pattern's:
+    the Rust regex behind ``pattern`` does not count separators such as U+001D as whitespace."""
+    if not v.strip():
+        raise PydanticCustomError("blank", "must say why in words, not only whitespace or separators")
+    return v
+
+
+# recorded on the versions
+Why = Annotated[str, StringConstraints(min_length=1, max_length=1000, pattern=r"\S"), AfterValidator(_said_something)]
 
 
 class DeployRequest(Strict):

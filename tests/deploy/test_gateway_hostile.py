@@ -181,6 +181,10 @@ ADMIN_CASES = [
     ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": "support", "who": 5, "why": "x"}).encode(), 400,
      "who"),
     ("POST", "/admin/rollback", json.dumps({"tenant": "acme", "task": "support", "why": "x"}).encode(), 409, None),
+    # found by test_gateway_fuzz: a separator only (U+001D) passed the JSON pattern but not str.strip (was a 500)
+    ("POST", "/admin/rollback", json.dumps({"tenant": "0", "task": "0", "why": "\x1d"}).encode(), 400, "why"),
+    ("POST", "/admin/deploy", json.dumps({"tenant": "acme", "task": "support", "version": 1, "why": " \x1c"}).encode(),
+     400, "why"),
     ("POST", "/internal/swap", b"[]", 400, None),
     ("POST", "/internal/swap", json.dumps({"tenant": "acme", "task": "support", "version": 1.5}).encode(), 400,
      "version"),
