@@ -20,8 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal
 
-SCHEMA_VERSION = 1
-SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1, 2})
+V1_ADAPTER_VERSION = r"v?([0-9]+)"
+"""Version 1 sent `ModelTurn.adapter_version` as text ("v3"); version 2 sends the int. A v1 turn's
+text that fully matches this pattern reads as its number (ingest validates it so, the lake's
+`turns` view reads it so); any other v1 text is quarantined. The one difference between 1 and 2."""
 
 ToolOutcome = Literal["ok", "error", "timeout", "invalid_arguments"]
 FeedbackKind = Literal[

@@ -24,7 +24,9 @@ from array import array
 from datetime import datetime, timezone
 from typing import Any, Callable, Literal
 
-from pipelines.contract.events import EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, Event, Feedback, Minimum, ModelTurn
+from pipelines.contract.events import (
+    EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, V1_ADAPTER_VERSION, Event, Feedback, Minimum, ModelTurn,
+)
 
 # Reasons a message is quarantined; stable strings, queryable in the lake.
 NOT_JSON = "not_json"
@@ -375,6 +377,8 @@ def _validate(obj: Any) -> dict:
     entry = _VALIDATORS.get(kind) if type(kind) is str else None
     if entry is None:
         raise ValidationError(UNKNOWN_EVENT_TYPE, f"type {_short(kind)} is not one of {sorted(_VALIDATORS)}")
+    if version == 1:
+        obj = _from_v1(obj)
     check, extra, int32_fields = entry
     check(obj, "", 1)
     for name in int32_fields:
@@ -389,8 +393,24 @@ def _validate(obj: Any) -> dict:
     return obj
 
 
+_V1_ADAPTER_VERSION = re.compile(V1_ADAPTER_VERSION)
+
+
+def _from_v1(obj: dict) -> dict:
+    """A schema_version 1 event read as version 2: a turn's text adapter version ("v3") is its int."""
+    v = obj.get("adapter_version")
+    if obj["type"] != "model_turn" or type(v) is not str:
+        return obj
+    m = _V1_ADAPTER_VERSION.fullmatch(v)
+    if m is None:
+        raise ValidationError(INVALID_VALUE, f"adapter_version {_short(v)} (schema_version 1) names no adapter "
+                                             f"version: send 'v<N>', or schema_version 2 with the integer N")
+    return {**obj, "adapter_version": int(m.group(1))}
+
+
 def validate_event(obj: Any) -> dict:
-    """Check one decoded event; return it unchanged or raise ValidationError (only that)."""
+    """Check one decoded event; return it (a schema_version 1 event with its fields read as version 2's:
+    `_from_v1`) or raise ValidationError (only that)."""
     try:
         return _validate(obj)
     except ValidationError:

@@ -19,6 +19,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from pipelines.contract.events import V1_ADAPTER_VERSION
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.lake.tables import (
     CORRECTION_SCHEMA, CORRECTIONS, EVENTS_SCHEMA, PROVISIONAL, QUARANTINE_SCHEMA, REWARD_SCHEMA, REWARDS, reward_state,
@@ -71,6 +72,13 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
 # `train` field existed was always trainable.
 VIEW_DEFAULTS: dict[tuple[str, str], str] = {("turns", "train"): "true"}
 
+# (view, column) -> how a schema_version 1 row reads it, where version 1 differs: its adapter version
+# was text, "v3" (`events.V1_ADAPTER_VERSION`; ingest quarantined any other text). Older lakes too.
+V1_SOURCES: dict[tuple[str, str], str] = {
+    ("turns", "adapter_version"): "TRY_CAST(regexp_extract(json_extract_string(_json, '$.adapter_version'), "
+                                  f"'^{V1_ADAPTER_VERSION}$', 1) AS BIGINT)",
+}
+
 
 def _extract(path: str, sql_type: str) -> str:
     """SQL for one typed column. Defensive, so one bad row can never fail a whole query: the payload
@@ -87,6 +95,14 @@ def _extract(path: str, sql_type: str) -> str:
 
 def _with_default(sql: str, default: str | None) -> str:
     return sql if default is None else f"COALESCE({sql}, {default})"
+
+
+def _column(view: str, name: str, path: str, sql_type: str) -> str:
+    sql = _extract(path, sql_type)
+    v1 = V1_SOURCES.get((view, name))
+    if v1 is not None:
+        sql = f"CASE WHEN schema_version = 1 THEN {v1} ELSE {sql} END"
+    return f"{_with_default(sql, VIEW_DEFAULTS.get((view, name)))} AS {name}"
 
 
 def _source(con: duckdb.DuckDBPyConnection, root: Path, dataset: str, schema: pa.Schema,
@@ -139,8 +155,7 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckd
     events = _source(con, root, EVENTS, EVENTS_SCHEMA, {"tenant": "VARCHAR", "date": "DATE"})
     con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM {events}")
     for view, (event_type, cols) in TYPED_VIEWS.items():
-        typed = ", ".join(f"{_with_default(_extract(path, t), VIEW_DEFAULTS.get((view, name)))} AS {name}"
-                          for name, path, t in cols)
+        typed = ", ".join(_column(view, name, path, t) for name, path, t in cols)
         con.execute(
             f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, _json AS payload "
             f"FROM (SELECT *, TRY_CAST(payload AS JSON) AS _json FROM events WHERE type = '{event_type}')"

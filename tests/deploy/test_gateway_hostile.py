@@ -125,7 +125,7 @@ def feedback_cases(t: dict) -> list[tuple[str, bytes, int, str | None]]:
         ("event_time year 9999 with an offset", fb(event_time="9999-12-31T23:59:59-01:00"), 400, "event_time"),
         ("event_time without a zone", fb(event_time="2025-01-01T00:00:00"), 400, "event_time"),
         ("schema_version a string", fb(schema_version="1"), 400, "schema_version"),
-        ("schema_version 2", fb(schema_version=2), 400, "schema_version"),
+        ("schema_version 3", fb(schema_version=3), 400, "schema_version"),
         ("kind unknown", fb(kind="love"), 400, "kind"),
         ("thumbs value 2", fb(value=2), 400, "value"),
         ("thumbs without value", fb(value=None), 400, "value"),

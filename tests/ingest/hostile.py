@@ -17,9 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.contract.events import Feedback, Message, ModelTurn, SessionEnd, ToolCall
+from pipelines.contract.events import V1_ADAPTER_VERSION, Feedback, Message, ModelTurn, SessionEnd, ToolCall
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
-from pipelines.lake.query import TYPED_VIEWS, connect
+from pipelines.lake.query import TYPED_VIEWS, V1_SOURCES, connect
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 
 TENANT = "mallory"
@@ -135,6 +135,17 @@ def corpus(max_bytes: int = 64 * 1024, seed: int = 0) -> list[Case]:
         add(f"adapter_version_{name}", _dumps(_with("model_turn", next(n), adapter_version=v)), reason, needle)
     add("adapter_version_int_lands", _dumps(_with("model_turn", next(n), adapter_version=3)), None)
     add("adapter_version_null_lands", _dumps(_with("model_turn", next(n), adapter_version=None)), None)
+    # schema_version 1 sent the version as text: "v4" and "4" read as 4, other text names no version
+    for name, v in [("v4", "v4"), ("4", "4")]:
+        add(f"v1_adapter_version_{name}_lands", _dumps(_with("model_turn", next(n), schema_version=1,
+                                                             adapter_version=v)), None)
+    for name, v, needle in [("base", "base", "names no adapter version"), ("v0", "v0", "at least 1"),
+                            ("newline", "v4\n", "names no adapter version"),
+                            ("arabic_digit", "v\u0664", "names no adapter version"),
+                            ("huge", "v" + "9" * 30, "adapter_version")]:
+        add(f"v1_adapter_version_{name}", _dumps(_with("model_turn", next(n), schema_version=1, adapter_version=v)),
+            "invalid_value", needle)
+    add("v1_adapter_version_int_lands", _dumps(_with("model_turn", next(n), schema_version=1, adapter_version=5)), None)
     # non-finite numbers: json.loads takes NaN and Infinity, DuckDB takes NaN
     for lit in ("NaN", "Infinity", "-Infinity", "1e400"):
         add(f"{lit}_in_value", _splice("feedback", next(n), "value", lit), "invalid_value", "value")
@@ -210,8 +221,8 @@ def query_views(root: Path) -> dict[str, int]:
     con = connect(root)
     counts = {v: len(con.execute(f"SELECT * FROM {v}").fetchall()) for v in VIEWS}
     for view, (event_type, cols) in TYPED_VIEWS.items():
-        strict = ", ".join(f"CAST(json_extract(payload, '{src}') AS {t})" if src.startswith("$") else src
-                           for _, src, t in cols)
+        strict = ", ".join(_strict(view, name, src, t, "payload", "schema_version") if src.startswith("$") else src
+                           for name, src, t in cols)
         con.execute(f"SELECT {strict}, payload::JSON FROM events WHERE type = '{event_type}'").fetchall()
     floats = [f.name for f in EVENTS_SCHEMA if f.type == pa.float64()]
     bad = " OR ".join(f"NOT isfinite({c})" for c in floats)
@@ -225,8 +236,19 @@ def strict_row(con, payload: str, event_type: str) -> None:
     """Read one payload as its typed view would without TRY_CAST (in memory: no lake needed)."""
     cols = TYPED_VIEWS.get({"model_turn": "turns", "tool_call": "tool_calls", "feedback": "feedback",
                             "session_end": "session_ends"}[event_type])[1]
-    strict = ", ".join(f"CAST(json_extract(p, '{src}') AS {t})" for _, src, t in cols if src.startswith("$"))
+    view = {"model_turn": "turns", "tool_call": "tool_calls", "feedback": "feedback", "session_end": "session_ends"}
+    strict = ", ".join(_strict(view[event_type], name, src, t, "p", "CAST(json_extract(p, '$.schema_version') AS INT)")
+                       for name, src, t in cols if src.startswith("$"))
     con.execute(f"SELECT {strict}, p::JSON FROM (SELECT ?::VARCHAR AS p)", [payload]).fetchall()
+
+
+def _strict(view: str, name: str, src: str, sql_type: str, payload: str, version: str) -> str:
+    """A typed column read without TRY_CAST; a v1 row's text adapter version must match its pattern."""
+    plain = f"CAST(json_extract({payload}, '{src}') AS {sql_type})"
+    if (view, name) not in V1_SOURCES:
+        return plain
+    v1 = f"CAST(regexp_extract(json_extract_string({payload}, '{src}'), '^{V1_ADAPTER_VERSION}$', 1) AS {sql_type})"
+    return f"CASE WHEN {version} = 1 THEN {v1} ELSE {plain} END"
 
 
 def strict_json(text: str) -> object:
