@@ -90,6 +90,7 @@ TRAIN_HEADER = schemas.TRAIN_HEADER  # "false": record the turn as never to be t
 ECHOED = ("trace_id", "turn_id", "adapter_version", "train")  # the response's `tracerl` block
 BYTES_PER_OUTPUT_TOKEN = 64    # an output token's share of the event: text, id, logprob (JSON)
 DEFAULT_OUTPUT_TOKENS = 4096   # the room kept for the output when the request sets no limit
+UPSTREAM_KEEPALIVE_S = 2.0     # idle upstream connections close before vLLM's 5 s keep-alive does
 # event field -> request field, to name the client's field when the contract refuses an event
 _EVENT_TO_REQUEST = [(re.compile(r"^input_messages"), "messages"), (re.compile(r"^sampling\."), ""),
                      (re.compile(r"^(trace_id|turn_index|app)\b"), r"tracerl.\1")]
@@ -153,7 +154,10 @@ class Gateway:
         return app
 
     async def _open(self, _app: web.Application) -> None:
-        self.session = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=60),
+        # An idle pooled connection must be dropped here before vLLM drops it (its uvicorn closes idle
+        # connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default): reusing one the server is
+        # closing at that moment is a 502 "Server disconnected" (at 60 s: 2 of 4 runs of test_traffic).
+        self.session = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
                                      timeout=ClientTimeout(total=self.gcfg.request_timeout_s))
 
     async def _close(self, _app: web.Application) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from pipelines.ingest.run import run_ingest
 from pipelines.lake.query import connect
+from pipelines.reward.engine import run_rewards
 from pipelines.sim.families import FollowUp, Tools
 from pipelines.sim.traffic import TrafficConfig, simulate
 from tests.conftest import make_config
@@ -17,7 +19,8 @@ from tests.deploy.conftest import KEYS, boundary  # noqa: F401 - the shared gate
 
 
 def landed(boundary, tmp_path, app: str, sessions: int):  # noqa: F811
-    """Ingest the boundary topic into a lake of our own (own consumer group) until `sessions` ended."""
+    """Ingest the boundary topic into a lake of our own (own consumer group) until `sessions` ended;
+    (its config, a connection)."""
     cfg = make_config(tmp_path, boundary.cfg.kafka.bootstrap_servers)
     cfg.kafka.topic = boundary.cfg.kafka.topic
     deadline = time.monotonic() + 90
@@ -29,7 +32,7 @@ def landed(boundary, tmp_path, app: str, sessions: int):  # noqa: F811
         except Exception:  # noqa: BLE001 - no events landed yet: the views have nothing to read
             n = 0
         if n >= sessions or time.monotonic() > deadline:
-            return con
+            return cfg, con
         time.sleep(1)
 
 
@@ -42,7 +45,7 @@ def test_sessions_through_the_gateway(boundary, tmp_path):  # noqa: F811
     assert stats.failed == 0, stats.errors
     assert stats.requests == 8 and 8 < stats.turns <= 24
 
-    con = landed(boundary, tmp_path, app, 8)
+    cfg, con = landed(boundary, tmp_path, app, 8)
     turns = con.execute("SELECT trace_id, turn_index FROM turns WHERE app = ? ORDER BY 1, 2", [app]).fetchall()
     assert len(turns) == stats.turns
     by_trace: dict[str, list[int]] = {}
@@ -54,6 +57,15 @@ def test_sessions_through_the_gateway(boundary, tmp_path):  # noqa: F811
     kinds = {k for (k,) in con.execute("SELECT DISTINCT kind FROM feedback WHERE app = ?", [app]).fetchall()}
     assert kinds - {"thumbs"}  # implicit signals went through the gateway too
 
+    run_rewards(cfg.lake, now=datetime.now(timezone.utc) + timedelta(hours=2))  # every session settled
+    rows = connect(cfg.lake).execute("""SELECT labelled, total, thumbs, regenerate, follow_up, abandon
+                                           FROM rewards WHERE app = ? AND settled""", [app]).fetchall()
+    assert len(rows) == stats.turns
+    implicit = [r for r in rows if r[2] is None]
+    assert implicit and all(r[0] for r in implicit)  # a turn nobody voted on is still labelled by what users did
+    negative = [r for r in implicit if any(v is not None and v < 0 for v in r[3:6])]
+    assert all(r[1] < 0 for r in negative)  # a regenerate, a complaint or leaving never scores above neutral
+
 
 @pytest.mark.slow
 def test_tool_sessions_report_outcomes(boundary, tmp_path):  # noqa: F811
@@ -63,7 +75,7 @@ def test_tool_sessions_report_outcomes(boundary, tmp_path):  # noqa: F811
     fam = Tools()
     stats = simulate(boundary.url, KEYS["acme"], t, fam)
     assert stats.failed == 0, stats.errors
-    con = landed(boundary, tmp_path, app, 6)
+    _, con = landed(boundary, tmp_path, app, 6)
     calls = con.execute("SELECT name, outcome FROM tool_calls WHERE app = ?", [app]).fetchall()
     # the tiny model rarely writes a call; whatever it wrote was run and reported, nothing else
     assert all(o in ("ok", "error", "invalid_arguments") for _, o in calls)

@@ -75,6 +75,17 @@ class ServedLoop:
                  f"(candidate v{rep.candidate}, champion v{rep.champion_after}), {time.monotonic() - t0:.0f}s")
         return rep
 
+    def iterations(self, lc: Any) -> list[Any]:
+        """`lc.iterations` iterations, each checked as a user of the loop expects: all its traffic
+        served, a candidate trained, and the gate's decision made, said why, and on the Dagster run."""
+        reports = [self.iterate(lc, i) for i in range(1, lc.iterations + 1)]
+        for r in reports:
+            assert r.requests == lc.traffic.requests and r.failed_requests == 0
+            assert r.candidate is not None, r.reasons
+            assert r.outcome in ("promote", "reject") and r.reasons
+            assert self.instance.get_run_by_id(r.run_id).tags["tracerl/outcome"] == r.outcome
+        return reports
+
 
 def stack_settings(target: str) -> str:
     """The proof's tables of tracerl.toml: the tiny model, the simulated users' reward spec; `target`
