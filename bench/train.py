@@ -4,7 +4,7 @@ Same LoRA model, same 64 turns x ~128 output tokens, same optimizer steps:
   floor:   a bare loop: forward, token cross-entropy on the output tokens, backward, AdamW;
   learner: `train_step` (reference forward with adapters off, importance-corrected policy
            gradient + KL, metrics, adapter save).
-  lean floor: the bare loop with the learner's forward (prompt-sorted micro-batches, LM head on
+  lean floor: the bare loop with the learner's forward (micro-batches in the learner's order, LM head on
            scored rows, shared prefix once): what a tuned hand-written loop would cost.
 Prints tokens/s for all three, the peak RSS, the learner against the lean floor (the cost of the
 reference forward and the loss, for context), and last `train_overhead_ratio=<learner/floor>`
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
 from pipelines.train.batch import TrainTurn, collate, encode_turns  # noqa: E402
 from pipelines.config.train import OptimizerSettings, TrainConfig  # noqa: E402
-from pipelines.train.step import build_policy, train_step  # noqa: E402
+from pipelines.train.step import build_policy, micro_batch_key, train_step  # noqa: E402
 
 TURNS, OUT_TOKENS, STEPS, MICRO = 64, 128, 2, 8
 
@@ -68,7 +68,7 @@ def make_turns(tokenizer, seed: int = 0) -> list[TrainTurn]:
 
 def floor(base: Path, cfg: TrainConfig, turns: list[TrainTurn], lean: bool = False) -> tuple[float, int]:
     """Seconds and tokens of the bare loop (model already loaded, like the learner's timed part).
-    ``lean``: the same loop with the learner's own forward (prompt-sorted micro-batches, LM head on
+    ``lean``: the same loop with the learner's own forward (micro-batches in the learner's order, LM head on
     the scored rows, shared prefix once), so the learner's remaining overhead shows on its own."""
     import torch
 
@@ -85,7 +85,7 @@ def floor(base: Path, cfg: TrainConfig, turns: list[TrainTurn], lean: bool = Fal
         opt.zero_grad(set_to_none=True)
         step = encoded[s * per_step:(s + 1) * per_step]
         if lean:
-            step = sorted(step, key=lambda e: e.prompt_ids)
+            step = sorted(step, key=micro_batch_key)
         n = sum(len(e.output_ids) for e in step)
         for i in range(0, len(step), MICRO):
             batch = collate(step[i:i + MICRO], tokenizer.pad_token_id)

@@ -234,11 +234,9 @@ def query_views(root: Path) -> dict[str, int]:
 
 def strict_row(con, payload: str, event_type: str) -> None:
     """Read one payload as its typed view would without TRY_CAST (in memory: no lake needed)."""
-    cols = TYPED_VIEWS.get({"model_turn": "turns", "tool_call": "tool_calls", "feedback": "feedback",
-                            "session_end": "session_ends"}[event_type])[1]
-    view = {"model_turn": "turns", "tool_call": "tool_calls", "feedback": "feedback", "session_end": "session_ends"}
-    strict = ", ".join(_strict(view[event_type], name, src, t, "p", "CAST(json_extract(p, '$.schema_version') AS INT)")
-                       for name, src, t in cols if src.startswith("$"))
+    view = next(v for v, (etype, _) in TYPED_VIEWS.items() if etype == event_type)
+    strict = ", ".join(_strict(view, name, src, t, "p", "CAST(json_extract(p, '$.schema_version') AS INT)")
+                       for name, src, t in TYPED_VIEWS[view][1] if src.startswith("$"))
     con.execute(f"SELECT {strict}, p::JSON FROM (SELECT ?::VARCHAR AS p)", [payload]).fetchall()
 
 

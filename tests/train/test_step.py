@@ -358,3 +358,19 @@ def test_default_staleness_trains_a_long_branch(tiny, tok, tmp_path):
     far = train_step(tiny, None, old, _cfg(steps=1), tmp_path / "far", seed=0, current_version=12)
     assert far.summary["stale_dropped"] == 0 and far.summary["stale_downweighted"] == 4
     assert far.steps[0]["loss"] == pytest.approx(0.5 * near.steps[0]["loss"], rel=1e-5)
+
+
+def test_micro_batches_of_mixed_lengths_are_cut_with_little_padding(tiny, tmp_path):
+    """Short one-turn prompts and long multi-turn ones, interleaved as the lake returns them: the
+    learner cuts micro-batches of similar lengths, so few positions are padding (by prompt order,
+    each micro-batch would pad every short row to a long one: half the positions)."""
+    rng = __import__("random").Random(0)
+    turns = [TrainTurn(turn_id=f"t{i}", task="t", prompt_token_ids=[1] + [rng.randrange(3, 200) for _ in
+                                                                            range(4 if i % 2 else 60)],
+                       input_messages=None, output_token_ids=[rng.randrange(3, 200) for _ in range(6)],
+                       output_text="", behaviour_logprobs=None, reward=float(i % 3 - 1), group_id=None)
+             for i in range(16)]
+    cfg = _cfg(steps=1)
+    cfg = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, micro_batch_size=4))
+    res = train_step(tiny, None, turns, cfg, tmp_path / "a", seed=0)
+    assert res.steps[0]["samples"] == 16 and res.steps[0]["pad_frac"] < 0.1, res.steps[0]["pad_frac"]
