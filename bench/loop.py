@@ -63,13 +63,14 @@ def main() -> None:
     # outside: freshness minus the stages' own seconds, i.e. what the driver (Dagster run start,
     # step hand-offs, waiting for sessions to settle) adds on top of the work
     print("iteration  " + "  ".join(f"{s:>8}" for s in STAGES) + "     total   outside  live_reward  outcome")
+    per_iter = []
     for r in reports:
         total = sum(r.stage_s.values())
+        per_iter.append(total)
         outside = f"{r.freshness_s - total:>8.1f}" if r.freshness_s is not None else f"{'-':>8}"
         print(f"{r.iteration:>9}  " + "  ".join(f"{r.stage_s.get(s, 0):>8.1f}" for s in STAGES)
               + f"  {total:>8.1f}  {outside}  {r.live_reward:>11.3f}  {r.outcome}")
     print(f"after the loop: live reward {out['final_reward']:.3f}")
-    per_iter = [sum(r.stage_s.values()) for r in reports]
     print(f"seconds per iteration: max {max(per_iter):.0f} (target < 300)")
     fresh = [r.freshness_s for r in reports if r.freshness_s is not None]
     print(f"freshness_s={statistics.mean(fresh):.1f}" if fresh else "freshness_s=nan (no candidate was promoted)")

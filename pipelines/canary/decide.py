@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipelines.canary.sequential import Interval, compare_arms
+from pipelines.canary.sequential import Interval, aipw_terms, compare_arms, confidence_sequence
 from pipelines.config.canary import CanaryConfig
 
 PROMOTE, ROLLBACK, EXPIRE, CONTINUE = "promote", "rollback", "expire", "continue"
@@ -63,9 +63,9 @@ def decide(sessions: Sequence[Session], cfg: CanaryConfig, hours: float) -> Cana
                               counts)
     k = len(cfg.guardrails)
     strict = cfg.alpha / (k + 1)
-    reward = [s.reward for s in sessions]
-    gain = compare_arms(reward, arms, cfg.share, cfg.alpha, cfg.t_opt)
-    loss = compare_arms(reward, arms, cfg.share, strict, cfg.t_opt)
+    terms = aipw_terms([s.reward for s in sessions], arms, cfg.share)  # one set of terms, two levels
+    gain = confidence_sequence(terms, cfg.alpha, cfg.t_opt)
+    loss = confidence_sequence(terms, strict, cfg.t_opt)
     out = CanaryDecision(CONTINUE, [], counts, gain)
     if loss.high < 0:
         out.reasons.append(f"reward: challenger worse by {-loss.estimate:.3f} (difference at most "
