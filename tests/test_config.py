@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.config import ConfigError, TracerlConfig, load_config
+from pipelines.config import PER_TARGET, ConfigError, TracerlConfig, load_config
 from pipelines.config.parse import _members
 
 
@@ -82,7 +82,7 @@ def _leaves(cls=TracerlConfig, prefix=()):
 
 
 LEAVES, TABLES = _leaves()
-PER_TARGET_LEAVES = [(p, tp) for p, tp in LEAVES if p[0] in ("learner", "train", "gate", "reward")
+PER_TARGET_LEAVES = [(p, tp) for p, tp in LEAVES if p[0] in PER_TARGET
                      and p != ("train", "base_model")]
 
 

@@ -10,6 +10,7 @@ import pytest
 from assets.definitions import defs
 
 CHAIN = ["raw_events", "lake_events", "turn_rewards", "candidate_adapter", "promotion", "deployment"]
+LINEAGE = [*CHAIN, "canary"]  # the canary follows deployment, in a job of its own
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +28,14 @@ def test_definitions_validate():
 
 
 def test_lineage_runs_from_the_topic_to_the_gateway(graph):
-    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(CHAIN)
-    for parent, child in zip(CHAIN, CHAIN[1:]):
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == set(LINEAGE)
+    for parent, child in zip(LINEAGE, LINEAGE[1:]):
         assert graph.get(dg.AssetKey(child)).parent_keys == {dg.AssetKey(parent)}, child
     topic = graph.get(dg.AssetKey("raw_events"))
     assert topic.is_observable and not topic.is_materializable
-    groups = {k: graph.get(dg.AssetKey(k)).group_name for k in CHAIN}
+    groups = {k: graph.get(dg.AssetKey(k)).group_name for k in LINEAGE}
     assert groups == {"raw_events": "ingest", "lake_events": "ingest", "turn_rewards": "reward",
-                      "candidate_adapter": "train", "promotion": "gate", "deployment": "deploy"}
+                      "candidate_adapter": "train", "promotion": "gate", "deployment": "deploy", "canary": "deploy"}
     assert "kafka" in topic.kinds and "mlflow" in graph.get(dg.AssetKey("promotion")).kinds
 
 
@@ -46,7 +47,8 @@ def test_checks(graph):
         key("lake_events", "quarantine_rate"), key("lake_events", "no_internal_errors"),
         key("turn_rewards", "unlabelled_share"), key("turn_rewards", "reward_bounds"),
         key("turn_rewards", "component_drift"),
-        key("promotion", "no_contamination")}  # a gate rejection is an outcome, not a check
+        key("promotion", "no_contamination"),  # a gate rejection is an outcome, not a check
+        key("canary", "guardrails_hold"), key("canary", "step_applied")}
     blocking = {k for k in graph.asset_check_keys if graph.get_check_spec(k).blocking}
     assert blocking == {key("turn_rewards", "reward_bounds"), key("promotion", "no_contamination")}
 
@@ -78,7 +80,8 @@ def test_schedules_sensors_and_jobs(repo):
     assert {s.name for s in repo.schedule_defs} == {
         "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly"}
     assert {s.name: s.job_name for s in repo.sensor_defs} == {
-        "enough_new_turns": "closed_loop_job", "approved_challengers": "approval_job"}
+        "enough_new_turns": "closed_loop_job", "approved_challengers": "approval_job",
+        "canary_settling": "canary_job"}
     assert repo.get_schedule_def("closed_loop_hourly").job_name == "closed_loop_job"
     assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
 
@@ -89,12 +92,13 @@ def test_schedules_sensors_and_jobs(repo):
     assert defs.resolve_job_def("ingest_job").asset_layer.executable_asset_keys == {
         dg.AssetKey("raw_events"), dg.AssetKey("lake_events")}
     assert repo.has_job("reward_job") and repo.has_job("approval_job")
+    assert defs.resolve_job_def("canary_job").asset_layer.executable_asset_keys == {dg.AssetKey("canary")}
 
 
 def test_targets_are_partitions_of_the_per_target_assets(graph):
     from assets.targets import targets
 
-    for k in ("candidate_adapter", "promotion", "deployment"):  # each target: its own history and plots
+    for k in ("candidate_adapter", "promotion", "deployment", "canary"):  # each target: its own history and plots
         assert graph.get(dg.AssetKey(k)).partitions_def == targets, k
     for k in ("raw_events", "lake_events", "turn_rewards"):  # one topic, one lake: shared by every target
         assert graph.get(dg.AssetKey(k)).partitions_def is None, k
@@ -115,7 +119,7 @@ def test_everything_says_what_it_is(repo, graph):
 # Each asset, op and trigger asks for the services it touches, no more (the UI lists them per asset).
 USES = {"raw_events": {"kafka"}, "lake_events": {"kafka", "lake"}, "turn_rewards": {"lake"},
         "candidate_adapter": {"lake", "mlflow"}, "promotion": {"lake", "mlflow"},
-        "deployment": {"mlflow", "gateway"}}
+        "deployment": {"mlflow", "gateway"}, "canary": {"lake", "mlflow", "gateway"}}
 SERVICES = {"kafka", "lake", "mlflow", "gateway"}
 
 
@@ -126,7 +130,7 @@ def test_each_asset_declares_the_services_it_uses(graph):
 
 def test_the_triggers_and_the_approval_op_declare_their_services(repo):
     assert {s.name: s.required_resource_keys for s in repo.sensor_defs} == {
-        "enough_new_turns": {"lake"}, "approved_challengers": {"mlflow"}}
+        "enough_new_turns": {"lake"}, "approved_challengers": {"mlflow"}, "canary_settling": {"lake"}}
     assert repo.get_schedule_def("closed_loop_hourly").required_resource_keys == {"lake"}
     op = defs.resolve_job_def("approval_job").graph.node_dict["promote_approved_versions"].definition
     assert op.required_resource_keys == {"mlflow", "gateway"}

@@ -139,6 +139,37 @@ def cmd_swaps(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_canary(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    """Start, reshare, stop or list canaries on the running gateway; 1 = refused (nothing changed)."""
+    from pipelines.deploy.service import GatewayError, canaries, canary
+
+    try:
+        if args.canary_command == "status":
+            for c in canaries(cfg):
+                print(json.dumps(c))
+            return 0
+        if args.canary_command == "check":
+            from pipelines.canary.run import advance, advance_all
+
+            if (args.tenant is None) != (args.task is None):
+                print("tracerl canary check: give both TENANT and TASK, or neither (every canary)", file=sys.stderr)
+                return 2
+            steps = advance_all(cfg) if args.tenant is None else [advance(cfg, args.tenant, args.task)]
+            for step in steps:
+                print(step.line())
+            return 1 if any(s.action == "failed" for s in steps) else 0
+        fields = {"who": args.who, "why": args.why}
+        if args.canary_command == "start":
+            fields.update(version=args.version, share=args.share)
+        elif args.canary_command == "share":
+            fields.update(share=args.share)
+        print(json.dumps(canary(cfg, args.canary_command, args.tenant, args.task, **fields), indent=1))
+        return 0
+    except GatewayError as e:
+        print(f"tracerl canary {args.canary_command}: {e}", file=sys.stderr)
+        return 1
+
+
 def cmd_tenant_add(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.tenants import add_tenant
 
@@ -370,6 +401,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--version", type=int, help="adapter version (default: the newest not yet gated)")
     s.add_argument("--who", **who)
     s.set_defaults(fn=cmd_gate)
+    s = sub.add_parser("canary", help="try a version on a share of live conversations beside the champion")
+    csub = s.add_subparsers(dest="canary_command", required=True, metavar="ACTION")
+    c = csub.add_parser("start", help="adapter VERSION serves --share of the conversations (sticky), beside the champion")
+    c.add_argument("tenant")
+    c.add_argument("task")
+    c.add_argument("version", type=int, help="adapter version (as `tracerl adapters` lists it)")
+    c.add_argument("--share", type=float, help="share of conversations in (0, 1) (default: canary.share, 0.1)")
+    c.add_argument("--why", required=True, help="why (recorded in the swap log)")
+    c = csub.add_parser("share", help="change a running canary's share (conversations already served keep their side)")
+    c.add_argument("tenant")
+    c.add_argument("task")
+    c.add_argument("share", type=float, help="new share in (0, 1)")
+    c.add_argument("--why", help="why (recorded in the swap log)")
+    c = csub.add_parser("stop", help="all traffic back to the champion; the challenger is unloaded once idle")
+    c.add_argument("tenant")
+    c.add_argument("task")
+    c.add_argument("--why", required=True, help="why (recorded in the swap log)")
+    for c in csub.choices.values():
+        c.add_argument("--who", **who)
+        c.set_defaults(fn=cmd_canary)
+    csub.add_parser("status", help="every running canary: versions, share, requests in flight per side"
+                    ).set_defaults(fn=cmd_canary)
+    c = csub.add_parser("check", help="decide now from settled sessions: promote, roll back, expire or go on "
+                                      "(what the canary_settling sensor runs)")
+    c.add_argument("tenant", nargs="?")
+    c.add_argument("task", nargs="?")
+    c.set_defaults(fn=cmd_canary)
     s = sub.add_parser("swaps", help="every swap: who, when, from, to, outcome")
     s.add_argument("--limit", type=int)
     s.set_defaults(fn=cmd_swaps)

@@ -12,7 +12,8 @@ Version tags the gate writes (MLflow UI, "Model versions"): ``tracerl.gate.decis
 rolled_back), ``tracerl.gate.reasons``, ``tracerl.gate.run_id``, ``tracerl.gate.baseline``
 (registry version compared against, or "base"), and per suite ``eval.<suite>.{candidate,
 champion,delta,low,p_gain,n,items}`` (aggregates and a fingerprint of item hashes only).
-Aliases: ``challenger`` = passed and under review; ``champion`` = what serves. The champion's
+Aliases: ``challenger`` = passed and under review, or serving a canary (pipelines/canary/run.py);
+``champion`` = what serves. The champion's
 ``tracerl.previous_champion`` tag is what rollback moves back to; ``tracerl.champion_reason``
 says why it is champion ("promote by gate", "rollback by alice: latency regression"), and
 ``tracerl.alias_history`` lists every alias move of the version, oldest first.
@@ -66,6 +67,11 @@ def _drop_alias_if(cfg: TracerlConfig, tenant: str, task: str, alias: str, versi
 def mark_challenger(cfg: TracerlConfig, tenant: str, task: str, version: str) -> None:
     client(cfg).set_registered_model_alias(model_name(tenant, task), CHALLENGER, str(version))
     set_tags(cfg, tenant, task, version, {STATUS: AWAITING})
+
+
+def drop_challenger(cfg: TracerlConfig, tenant: str, task: str, version: str) -> None:
+    """``challenger`` no longer names ``version`` (its canary ended); another holder keeps it."""
+    _drop_alias_if(cfg, tenant, task, CHALLENGER, version)
 
 
 def mark_rejected(cfg: TracerlConfig, tenant: str, task: str, version: str) -> None:

@@ -27,6 +27,7 @@ Example `tracerl.toml`:
 from pipelines.config.gate import TESTS, GateConfig, SignatureConfig, gate_config
 from pipelines.config.gateway import GatewayConfig
 from pipelines.config.ingest import IngestConfig
+from pipelines.config.canary import CanaryConfig, Guardrail
 from pipelines.config.kafka import KAFKA_PASSTHROUGH, KafkaConfig
 from pipelines.config.learner import LearnerConfig
 from pipelines.config.load import ENV, load_config
@@ -46,7 +47,8 @@ from pipelines.config.train import (
 )
 
 __all__ = [
-    "ENV", "KAFKA_PASSTHROUGH", "PER_TARGET", "TESTS", "ConfigError", "GateConfig", "GatewayConfig",
+    "CanaryConfig", "ENV", "Guardrail", "KAFKA_PASSTHROUGH", "PER_TARGET", "TESTS", "ConfigError", "GateConfig",
+    "GatewayConfig",
     "IngestConfig", "KTOObjective", "KafkaConfig", "LearnerConfig", "LoraSettings", "MlflowConfig",
     "Objective", "OptimizerSettings", "PolicyGradientObjective", "RewardConfig", "ServeConfig",
     "SignatureConfig", "StalenessSettings", "TracerlConfig", "TrainConfig", "gate_config", "load_config",

@@ -32,6 +32,7 @@ FeedbackKind = Literal[
     "thumbs", "rating", "accept", "edit", "reject", "regenerate", "follow_up", "comment"
 ]
 SessionOutcome = Literal["completed", "abandoned"]
+Arm = Literal["champion", "challenger"]  # which side of a canary served a turn
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -116,6 +117,10 @@ class ModelTurn(Event):
     `train` false marks a turn that must never be trained on (evaluation traffic, a user
     without consent): it lands and gets rewards, the learner and its replay skip it. Absent
     (every event before the field existed) means true.
+
+    `arm` is set while a canary runs on the route (issue #15): "challenger" for a turn the
+    canary's version served, "champion" for one the champion served in the same canary; null
+    when no canary was running (the route had one version).
     """
 
     type: ClassVar[str] = "model_turn"
@@ -133,6 +138,7 @@ class ModelTurn(Event):
     finish_reason: str | None = None
     latency_ms: float | None = None
     train: bool = True
+    arm: Arm | None = None
 
 
 @dataclass(kw_only=True)

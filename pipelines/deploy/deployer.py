@@ -7,6 +7,9 @@ Promote ``(tenant, task, v)``:
   3. flip the router: new requests get v, requests in flight keep the old version;
   4. wait until the old version has no request in flight (``drain_timeout_s``), then unload it.
 Rollback: the same toward the version live before (``Live.history``), reloaded from the store.
+Canary (issue #15): start = 1-2 for the challenger, then the router sends its share of the
+conversations to it; stop = the router sends everything to the champion, then 4 for the
+challenger; promote of the challenger = a swap whose load finds it loaded already.
 Restore (a restarted gateway or vLLM): 1-2 for every route, each on its own, so an adapter
 changed on disk since its deploy is refused there too, without keeping the others down.
 A failure in 1-2 raises :class:`DeployError` and changes nothing: the old version keeps serving.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 
 from pipelines.deploy import admin
-from pipelines.deploy.routing import Router, vllm_name
+from pipelines.deploy.routing import Canary, Router, vllm_name
 from pipelines.adapters.store import META, READY, AdapterStore, AdapterVersion
 from pipelines.adapters.version import label
 
@@ -104,9 +108,8 @@ class Deployer:
         records = []
         with self._lock:
             for live in self.router.routes():
-                record: dict[str, Any] = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                                          "who": who, "action": "restore", "tenant": live.tenant,
-                                          "task": live.task, "from": None, "to": label(live.version)}
+                record = self._record(who, "restore", live.tenant, live.task, to=label(live.version))
+                record["from"] = None
                 t0 = time.monotonic()
                 try:
                     av = validate_adapter(self.store, live.tenant, live.task, live.version, self.base_hash)
@@ -114,16 +117,115 @@ class Deployer:
                     record.update(ok=True, load_s=round(time.monotonic() - t0, 3))
                 except Exception as err:  # noqa: BLE001 - one bad route must not keep the others down
                     record.update(ok=False, error=f"{type(err).__name__}: {err}")
+                if live.canary is not None:
+                    record["canary"] = self._restore_canary(live)
                 self._log(record)
                 records.append(record)
         return records
+
+    def _restore_canary(self, live) -> dict[str, Any]:
+        """Load the challenger again; one that no longer validates is stopped (its conversations
+        go to the champion) rather than left to fail its requests."""
+        c = live.canary
+        try:
+            av = validate_adapter(self.store, live.tenant, live.task, c.version, self.base_hash)
+            self._load(live.canary_name, av.path)
+            return {"version": label(c.version), "share": c.share, "ok": True}
+        except Exception as err:  # noqa: BLE001
+            self.router.stop_canary(live.tenant, live.task)
+            return {"version": label(c.version), "share": c.share, "ok": False, "stopped": True,
+                    "error": f"{type(err).__name__}: {err}"}
+
+    # -- the canary ---------------------------------------------------------------------------
+
+    def start_canary(self, tenant: str, task: str, version: int, share: float, who: str,
+                     why: str = "") -> dict[str, Any]:
+        """Load ``version`` and send ``share`` of the route's conversations to it. Refused (DeployError,
+        nothing changes) for an unrouted task, the champion itself, a second canary, or an adapter
+        that does not validate."""
+        version = int(version)
+        with self._lock:
+            record = self._record(who, "canary_start", tenant, task, to=label(version), share=float(share), why=why)
+            t0 = time.monotonic()
+            try:
+                live = self.router.live(tenant, task)
+                if live is None:
+                    raise DeployError(f"{tenant}/{task} serves no champion: deploy one before a canary")
+                record["from"] = label(live.version)
+                if not 0.0 < share < 1.0:
+                    raise DeployError(f"share={share!r} must be in (0, 1): the challenger's share of conversations")
+                if live.version == version:
+                    raise DeployError(f"{tenant}/{task} v{version} is the champion; a canary tries another version")
+                if live.canary is not None:
+                    raise DeployError(f"{tenant}/{task} already runs a canary of {label(live.canary.version)} "
+                                      f"(share {live.canary.share}); stop it first, or change its share")
+                av = validate_adapter(self.store, tenant, task, version, self.base_hash)
+                self._load(vllm_name(tenant, task, version), av.path)
+                record["load_s"] = round(time.monotonic() - t0, 3)
+                canary = Canary(version, str(av.path), float(share), uuid.uuid4().hex, record["at"], who, why)
+                self.router.start_canary(tenant, task, canary)
+            except Exception as err:
+                raise self._refused(record, err)
+            record.update(ok=True, canary_id=canary.id)
+            self._log(record)
+            return record
+
+    def set_share(self, tenant: str, task: str, share: float, who: str, why: str = "") -> dict[str, Any]:
+        """A running canary's share, from the next new conversation on."""
+        with self._lock:
+            record = self._record(who, "canary_share", tenant, task, share=float(share), why=why)
+            try:
+                if not 0.0 < share < 1.0:
+                    raise DeployError(f"share={share!r} must be in (0, 1); to end the canary, stop it")
+                live = self.router.live(tenant, task)
+                if live is None or live.canary is None:
+                    raise DeployError(f"{tenant}/{task} runs no canary")
+                record.update({"from": live.canary.share, "to": label(live.canary.version)})
+                self.router.set_share(tenant, task, share)
+            except Exception as err:
+                raise self._refused(record, err)
+            record["ok"] = True
+            self._log(record)
+            return record
+
+    def stop_canary(self, tenant: str, task: str, who: str, why: str = "") -> dict[str, Any]:
+        """Every new request to the champion; the challenger's requests finish, then it is unloaded."""
+        with self._lock:
+            record = self._record(who, "canary_stop", tenant, task, why=why)
+            ended0 = self.router.ended(tenant, task)
+            live = self.router.live(tenant, task)
+            old = self.router.stop_canary(tenant, task)
+            if live is None or old is None:
+                raise self._refused(record, DeployError(f"{tenant}/{task} runs no canary"))
+            name = vllm_name(tenant, task, old.version)
+            record.update({"from": label(old.version), "to": label(live.version), "share": old.share, "ok": True})
+            t1 = time.monotonic()
+            record["drained"] = self.router.wait_drained(name, self.drain_timeout_s)
+            record["drain_s"] = round(time.monotonic() - t1, 3)
+            if record["drained"]:
+                record["unloaded"] = self._unload(name)
+            ended1 = self.router.ended(tenant, task)
+            record["requests"], record["failed_requests"] = ended1[0] - ended0[0], ended1[1] - ended0[1]
+            self._log(record)
+            return record
+
+    @staticmethod
+    def _record(who: str, action: str, tenant: str, task: str, **fields: Any) -> dict[str, Any]:
+        return {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who,
+                "action": action, "tenant": tenant, "task": task, **{k: v for k, v in fields.items() if v != ""}}
+
+    def _refused(self, record: dict[str, Any], err: Exception) -> DeployError:
+        """Log the failed attempt; the DeployError to raise (nothing changed)."""
+        record.update(ok=False, error=f"{type(err).__name__}: {err}")
+        self._log(record)
+        return err if isinstance(err, DeployError) else \
+            DeployError(f"{record['action']} {record['tenant']}/{record['task']} failed: {err}")
 
     # -- the swap -----------------------------------------------------------------------------
 
     def _swap(self, action: str, tenant: str, task: str, version: int | None, who: str) -> dict[str, Any]:
         with self._lock:
-            record: dict[str, Any] = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                                      "who": who, "action": action, "tenant": tenant, "task": task}
+            record = self._record(who, action, tenant, task)
             t0, ended0 = time.monotonic(), self.router.ended(tenant, task)
             try:
                 old = self.router.live(tenant, task)

@@ -39,7 +39,13 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   next ``deployment`` run changes nothing. ``POST /internal/swap {tenant, task, version, who?}``
   is the reconciler's swap primitive (``service.swap``), not an operator route: it swaps without
   reading the registry, and a swap the alias does not name is undone by the next reconcile.
-  ``GET /admin/swaps?limit=``, ``GET /admin/stats`` (admin key). ``GET /health`` (503 when the
+  ``GET /admin/swaps?limit=``, ``GET /admin/stats`` (admin key).
+- Canary (admin key, issue #15): ``POST /admin/canary {tenant, task, version, share?, who?, why}``
+  loads a challenger that serves ``share`` (default ``canary.share``) of the route's conversations,
+  sticky per ``user`` (the OpenAI field) or else per trace; ``POST /admin/canary/share`` changes the
+  share, ``POST /admin/canary/stop`` sends all traffic back to the champion and unloads the
+  challenger once its requests ended; ``GET /admin/canary`` lists them. Each turn records its
+  ``arm``. The canary is part of the route (routes.json), so a restarted gateway restores it. ``GET /health`` (503 when the
   emitter is dead), ``GET /openapi.json`` (this API, generated from ``schemas.py``).
 
 Validation at the door: every body is parsed as strict JSON (``json_body``: size, depth, finite
@@ -147,6 +153,10 @@ class Gateway:
         app.router.add_post("/internal/swap", self.internal_swap)
         app.router.add_get("/admin/swaps", self.admin_swaps)
         app.router.add_get("/admin/stats", self.admin_stats)
+        app.router.add_post("/admin/canary", self.admin_canary_start)
+        app.router.add_get("/admin/canary", self.admin_canaries)
+        app.router.add_post("/admin/canary/share", self.admin_canary_share)
+        app.router.add_post("/admin/canary/stop", self.admin_canary_stop)
         app.router.add_get("/health", self.health)
         app.router.add_get("/openapi.json", self.openapi)
         app.on_startup.append(self._open)
@@ -264,13 +274,13 @@ class Gateway:
         given_trace = ext.trace_id or request.headers.get("X-Tracerl-Trace-Id")
         if given_trace and not self.owns(tenant, given_trace):
             raise ApiError(404, f"trace {given_trace[:80]!r} is not one of this tenant's traces", "tracerl.trace_id")
-        try:
-            lease = self.router.acquire(tenant, req.model)
+        trace_id = given_trace or self.new_trace_id(tenant)
+        try:  # a canary's side sticks to the user when the app names one, else to the conversation
+            lease = self.router.acquire(tenant, req.model, f"user:{req.user}" if req.user else f"trace:{trace_id}")
         except UnknownModel:
             raise ApiError(404, f"model {req.model!r} does not exist for this key", "model") from None
         self.counts["requests"] += 1
         try:
-            trace_id = given_trace or self.new_trace_id(tenant)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
                     "adapter_version": int(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
                     "app": ext.app or self.gcfg.app, "train": train}
@@ -443,7 +453,7 @@ class Gateway:
                          adapter_version=turn["adapter_version"], input_messages=messages, output_text=text,
                          output_token_ids=token_ids, output_logprobs=logprobs, prompt_token_ids=prompt_ids,
                          sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2),
-                         train=turn["train"]).to_dict()
+                         train=turn["train"], arm=lease.arm).to_dict()
 
     def _emit(self, lease, turn, req, **outputs) -> None:
         """Record the served turn. Prompt ids are optional in the contract (the learner can
@@ -541,6 +551,47 @@ class Gateway:
             raise ApiError(409, str(err), kind="deploy_error") from None
         return web.json_response(record)
 
+    async def _canary(self, request: web.Request, model: type, run) -> web.Response:
+        """One canary action in a worker thread (a stop drains the challenger's requests)."""
+        self._admin(request)
+        body = parse(model, await self._body(request))
+        try:
+            record = await asyncio.to_thread(run, body)
+        except DeployError as err:
+            raise ApiError(409, str(err), kind="deploy_error", code="canary_refused") from None
+        return web.json_response(record)
+
+    async def admin_canary_start(self, request: web.Request) -> web.Response:
+        def run(b: schemas.CanaryRequest) -> dict[str, Any]:
+            share = b.share if b.share is not None else self.cfg.for_target(b.tenant, b.task).canary.share
+            return self.deployer.start_canary(b.tenant, b.task, b.version, share, b.who or "admin", b.why)
+        return await self._canary(request, schemas.CanaryRequest, run)
+
+    async def admin_canary_share(self, request: web.Request) -> web.Response:
+        return await self._canary(request, schemas.CanaryShareRequest, lambda b: self.deployer.set_share(
+            b.tenant, b.task, b.share, b.who or "admin", b.why or ""))
+
+    async def admin_canary_stop(self, request: web.Request) -> web.Response:
+        return await self._canary(request, schemas.CanaryStopRequest, lambda b: self.deployer.stop_canary(
+            b.tenant, b.task, b.who or "admin", b.why))
+
+    async def admin_canaries(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        return web.json_response({"canaries": self.canaries()})
+
+    def canaries(self) -> list[dict[str, Any]]:
+        """Every route's running canary: who started it and why, its share, requests in flight per side."""
+        out = []
+        for r in self.router.routes():
+            if r.canary is None:
+                continue
+            c = r.canary
+            out.append({"tenant": r.tenant, "task": r.task, "champion": r.version, "challenger": c.version,
+                        "share": c.share, "id": c.id, "started_at": c.started_at, "who": c.who, "why": c.why,
+                        "inflight": {"champion": self.router.inflight(r.name),
+                                     "challenger": self.router.inflight(r.canary_name)}})
+        return out
+
     async def admin_swaps(self, request: web.Request) -> web.Response:
         self._admin(request)
         query = parse(schemas.SwapsQuery, dict(request.query))
@@ -549,6 +600,7 @@ class Gateway:
     async def admin_stats(self, request: web.Request) -> web.Response:
         self._admin(request)
         routes = [{"tenant": r.tenant, "task": r.task, "version": r.version, "inflight": self.router.inflight(r.name),
-                   **dict(zip(("requests", "failed_requests"), self.router.ended(r.tenant, r.task)))}
+                   **dict(zip(("requests", "failed_requests"), self.router.ended(r.tenant, r.task))),
+                   "canary": None if r.canary is None else {"version": r.canary.version, "share": r.canary.share}}
                   for r in self.router.routes()]
         return web.json_response({"gateway": self.counts, "emitter": self.emitter.stats(), "routes": routes})

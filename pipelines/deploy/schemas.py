@@ -409,6 +409,40 @@ class SwapRequest(Strict):
     who: Name | None = None
 
 
+Share = Annotated[float, Field(gt=0.0, lt=1.0)]  # a challenger's share of conversations
+
+
+class CanaryRequest(Strict):
+    """Start a canary: adapter ``version`` serves ``share`` of the route's conversations (default
+    ``canary.share``), sticky per conversation, beside the champion."""
+
+    tenant: Ident
+    task: Ident
+    version: Version
+    share: Share | None = None
+    who: Name | None = None
+    why: Why
+
+
+class CanaryShareRequest(Strict):
+    """Change a running canary's share; conversations already served keep their side."""
+
+    tenant: Ident
+    task: Ident
+    share: Share
+    who: Name | None = None
+    why: Why | None = None
+
+
+class CanaryStopRequest(Strict):
+    """Stop a canary: every new request goes to the champion, the challenger's finish on it."""
+
+    tenant: Ident
+    task: Ident
+    who: Name | None = None
+    why: Why
+
+
 class SwapsQuery(BaseModel):
     """Query strings are text: ``limit=5`` is read as the integer 5 (lax), ``limit=x`` is a 400."""
 
@@ -441,8 +475,10 @@ def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
     return names
 
 
-_FIELDS = _field_names([TextPart, FunctionDef, FunctionTool, CalledFunction, AssistantToolCall, ChatMessage, TracerlExtension, ChatRequest, RollbackRequest, DeployRequest,
-                        SwapRequest, SwapsQuery, *FEEDBACK_BODIES.values()])
+CANARY_BODIES = (CanaryRequest, CanaryShareRequest, CanaryStopRequest)
+_FIELDS = _field_names([TextPart, FunctionDef, FunctionTool, CalledFunction, AssistantToolCall, ChatMessage,
+                        TracerlExtension, ChatRequest, RollbackRequest, DeployRequest, SwapRequest, SwapsQuery,
+                        *CANARY_BODIES, *FEEDBACK_BODIES.values()])
 
 
 def _param(loc: tuple, keep_last: bool = False) -> str | None:
@@ -516,13 +552,21 @@ SWAP_DESCRIPTION = ("The reconciler's swap primitive (`tracerl deploy`, the `dep
                     "drains, unloads, without reading the registry. A swap to a version the champion does not "
                     "name is undone by the next reconcile: operators use /admin/deploy and /admin/rollback.")
 
+CANARY_DESCRIPTION = ("A canary's challenger serves `share` of a route's conversations beside the champion: the "
+                      "side is a hash of the request's `user` (else its trace id), so a conversation never mixes "
+                      "versions, and every turn records `arm` (champion | challenger). Stop sends every new "
+                      "request to the champion and unloads the challenger once its requests ended; promoting "
+                      "the challenger (/admin/deploy) ends the canary. 409: no champion, the champion itself, "
+                      "a canary already running, no canary to change, or an adapter that does not validate. "
+                      "The answer is the swap record (also in /admin/swaps).")
+
 
 def openapi(version: str = "1") -> dict[str, Any]:
     """OpenAPI 3.1 for every route, its request schemas generated from the models above."""
     from pydantic.json_schema import models_json_schema
 
     _, defs = models_json_schema([(m, "validation") for m in (ChatRequest, FeedbackRequest, DeployRequest,
-                                                                RollbackRequest, SwapRequest)],
+                                                                RollbackRequest, SwapRequest, *CANARY_BODIES)],
                                  ref_template="#/components/schemas/{model}")
     schemas = defs["$defs"]
     schemas["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -556,6 +600,13 @@ def openapi(version: str = "1") -> dict[str, Any]:
             "/admin/swaps": {"get": _op("List swap records, oldest first", "adminKey", 200, errors=(400,), params=[
                 {"name": "limit", "in": "query", "required": False, "schema": limit}])},
             "/admin/stats": {"get": _op("Gateway, emitter and route counters", "adminKey", 200)},
+            "/admin/canary": {"post": _op("Start a canary: a challenger version serves a share of the conversations",
+                                          "adminKey", 200, "CanaryRequest", (409,), description=CANARY_DESCRIPTION),
+                              "get": _op("Every running canary: version, share, requests per side", "adminKey", 200)},
+            "/admin/canary/share": {"post": _op("Change a running canary's share", "adminKey", 200,
+                                                "CanaryShareRequest", (409,), description=CANARY_DESCRIPTION)},
+            "/admin/canary/stop": {"post": _op("Stop a canary: all traffic back to the champion", "adminKey", 200,
+                                               "CanaryStopRequest", (409,), description=CANARY_DESCRIPTION)},
             "/health": {"get": _op("Liveness and the emitter's state", None, 200, errors=(503,))},
             "/openapi.json": {"get": _op("This document", None, 200)},
         },

@@ -216,6 +216,19 @@ def swap(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str) -> 
                  {"tenant": tenant, "task": task, "version": int(version), "who": who})
 
 
+def canary(cfg: TracerlConfig, action: str, tenant: str, task: str, **fields: Any) -> dict[str, Any]:
+    """A canary action on the running gateway: ``start`` (version, share?, who, why), ``share``
+    (share, who, why?) or ``stop`` (who, why); the swap record, or GatewayError (nothing changed)."""
+    path = {"start": "/admin/canary", "share": "/admin/canary/share", "stop": "/admin/canary/stop"}[action]
+    body = {"tenant": tenant, "task": task, **{k: v for k, v in fields.items() if v is not None}}
+    return _call(f"{_gateway_url(cfg)}{path}", admin_key(cfg), body)
+
+
+def canaries(cfg: TracerlConfig) -> list[dict[str, Any]]:
+    """The running gateway's canaries (``GET /admin/canary``)."""
+    return _call(f"{_gateway_url(cfg)}/admin/canary", admin_key(cfg), method="GET")["canaries"]
+
+
 def swap_history(cfg: TracerlConfig, limit: int | None = None) -> list[dict[str, Any]]:
     """Every swap (who, when, from, to, ok) from ``<home>/deploy/swaps.jsonl``; no gateway needed."""
     from pipelines.deploy.deployer import read_swaps

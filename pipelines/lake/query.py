@@ -43,6 +43,7 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
         ("finish_reason", "$.finish_reason", "VARCHAR"),
         ("latency_ms", "latency_ms", "DOUBLE"),
         ("train", "$.train", "BOOLEAN"),  # false: never trained on (eval traffic, no consent)
+        ("arm", "$.arm", "VARCHAR"),  # champion | challenger while a canary ran; NULL otherwise
     ]),
     "tool_calls": ("tool_call", [
         ("call_id", "call_id", "VARCHAR"),

@@ -250,7 +250,7 @@ def test_routes_methods_health_and_openapi_answer_json(boundary):
     assert status == 200 and doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/feedback", "/v1/models", "/admin/deploy",
                                  "/admin/rollback", "/internal/swap", "/admin/swaps", "/admin/stats", "/health",
-                                 "/openapi.json"}
+                                 "/openapi.json", "/admin/canary", "/admin/canary/share", "/admin/canary/stop"}
     assert call(f"{url}/admin/swaps?limit=1", ADMIN)[0] == 200
 
 

@@ -131,5 +131,7 @@ def test_openapi_document_loads_in_schemathesis_and_covers_every_route():
     assert {(o.method.upper(), o.path) for o in ops} == {
         ("POST", "/v1/chat/completions"), ("POST", "/v1/feedback"), ("GET", "/v1/models"),
         ("POST", "/admin/deploy"), ("POST", "/admin/rollback"), ("POST", "/internal/swap"), ("GET", "/admin/swaps"),
-        ("GET", "/admin/stats"), ("GET", "/health"), ("GET", "/openapi.json")}
+        ("GET", "/admin/stats"), ("GET", "/health"), ("GET", "/openapi.json"),
+        ("POST", "/admin/canary"), ("GET", "/admin/canary"), ("POST", "/admin/canary/share"),
+        ("POST", "/admin/canary/stop")}
     assert doc["components"]["schemas"]["ChatRequest"]["additionalProperties"] is False
