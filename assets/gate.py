@@ -101,7 +101,9 @@ def promotion(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: Mlf
         "candidate_adapter_version": int(candidate["adapter_version"]),
         "candidate_registry_version": rv,
         "model_version": mlflow.model_version_url(tenant, task, rv),
-        "promoted": float(outcome == "promote"),
+        "promoted": float(outcome == "promote" and not d.get("canary")),
+        "canary": bool(d.get("canary")),  # passed, and entered the canary (canary.enabled) instead
+        "offpolicy": dg.MetadataValue.json(d.get("offpolicy") or {}),
         "champion_adapter_version": champion["adapter_version"] if champion else dg.MetadataValue.null(),
         "champion_registry_version": champion["registry_version"] if champion else "",
         "suites": dg.MetadataValue.json(d.get("suites") or {}),

@@ -33,6 +33,7 @@ from pipelines.tracking import client
 Deploy = Callable[[str, str, int], Any]  # (tenant, task, adapter_version): make it live in vLLM
 STATUS, DECISION = "tracerl.gate.status", "tracerl.gate.decision"
 AWAITING, PROMOTED, REJECTED, ROLLED_BACK = "awaiting_approval", "promoted", "rejected", "rolled_back"
+CANARY, CANARY_ENDED = "canary", "canary_ended"  # serving a canary now; a canary of it expired or was stopped
 PREVIOUS = "tracerl.previous_champion"
 REASON, HISTORY = "tracerl.champion_reason", "tracerl.alias_history"
 HISTORY_SEP = " | "
@@ -69,9 +70,31 @@ def mark_challenger(cfg: TracerlConfig, tenant: str, task: str, version: str) ->
     set_tags(cfg, tenant, task, version, {STATUS: AWAITING})
 
 
-def drop_challenger(cfg: TracerlConfig, tenant: str, task: str, version: str) -> None:
-    """``challenger`` no longer names ``version`` (its canary ended); another holder keeps it."""
+def canary_version(cfg: TracerlConfig, tenant: str, task: str) -> Any | None:
+    """The version that should run a canary: ``challenger`` with status ``canary``, or None. The
+    gateway's canary follows it (pipelines/deploy/reconcile.py) as its route follows ``champion``."""
+    mv = alias_version(cfg, tenant, task, CHALLENGER)
+    return mv if mv is not None and mv.tags.get(STATUS) == CANARY else None
+
+
+def enter_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, who: str, why: str = "") -> None:
+    """``version`` becomes the challenger that serves a canary (a canary of another version ends)."""
+    old = canary_version(cfg, tenant, task)
+    if old is not None and str(old.version) == str(version):
+        return
+    if old is not None:
+        end_canary(cfg, tenant, task, str(old.version), CANARY_ENDED, f"replaced by version {version} ({who})")
+    client(cfg).set_registered_model_alias(model_name(tenant, task), CHALLENGER, str(version))
+    set_tags(cfg, tenant, task, version, {STATUS: CANARY, "tracerl.canary.started_by": who})
+    note_history(cfg, tenant, task, version, f"became challenger serving a canary: {who}" + (f": {why}" if why else ""))
+
+
+def end_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, status: str, why: str) -> None:
+    """The canary of ``version`` ended without a promotion: ``status`` (rejected on a rollback,
+    canary_ended on an expiry or a stop) and the ``challenger`` alias dropped."""
     _drop_alias_if(cfg, tenant, task, CHALLENGER, version)
+    set_tags(cfg, tenant, task, version, {STATUS: status})
+    note_history(cfg, tenant, task, version, f"canary ended ({status}): {why}")
 
 
 def mark_rejected(cfg: TracerlConfig, tenant: str, task: str, version: str) -> None:

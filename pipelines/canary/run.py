@@ -12,8 +12,9 @@ this step reads it there, so it needs no gateway to decide ``continue``.
   ``tracerl deploy --force``.
 - **expire**: the canary stops; the version keeps its status (it may be tried again).
 
-Records: the registry's ``challenger`` alias names the version a canary is running (set on every
-step, dropped when it ends); the model version gets ``tracerl.canary.*`` tags (decision, reasons,
+Records: the registry's ``challenger`` alias with status ``canary`` names the version a canary is
+running (the gate sets it; the ``deployment`` asset's reconcile then starts the canary in the
+gateway; a canary started in the gateway alone is recorded on its first step; dropped when it ends); the model version gets ``tracerl.canary.*`` tags (decision, reasons,
 sessions per arm, the MLflow run); one MLflow run per canary (tag ``tracerl.canary.id``) holds
 per-arm metrics over time, one point per step at step = settled sessions.
 """
@@ -26,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pipelines.adapters import promote
 from pipelines.canary.decide import CHALLENGER_ARM, CHAMPION_ARM, CONTINUE, EXPIRE, PROMOTE, ROLLBACK, \
     CanaryDecision, Session, decide
 from pipelines.canary.sessions import GUARDRAIL_COLUMNS, canary_sessions
@@ -33,6 +35,7 @@ from pipelines.config import TracerlConfig
 from pipelines.deploy.routing import Live, Router
 
 WHO = "canary"
+ENDED = (promote.REJECTED, promote.CANARY_ENDED, promote.ROLLED_BACK)
 TAG = "tracerl.canary."
 
 
@@ -81,6 +84,13 @@ def advance(cfg: TracerlConfig, tenant: str, task: str, now: datetime | None = N
     step = CanaryStep(tenant, task, CONTINUE, live.version, c.version, decision)
     step.detail["run_id"] = _log(cfg, live, sessions, decision)
     mv = _registry_version(cfg, tenant, task, c.version)
+    if mv is not None and mv.tags.get(promote.STATUS) in ENDED:  # decided before; the gateway lags
+        step.action = "stopped"
+        try:
+            step.detail["result"] = _stop(cfg, tenant, task, f"the registry says {mv.tags[promote.STATUS]}")
+        except Exception as err:  # noqa: BLE001
+            step.action, step.detail["error"] = "failed", f"{type(err).__name__}: {err}"
+        return step
     if mv is not None:
         _set_challenger(cfg, tenant, task, mv)
     if decision.outcome == CONTINUE:
@@ -90,13 +100,15 @@ def advance(cfg: TracerlConfig, tenant: str, task: str, now: datetime | None = N
         if decision.outcome == PROMOTE:
             step.detail["result"] = _promote(cfg, tenant, task, c.version, why)
             step.action = "promoted"
-        else:
+        else:  # the registry first (what should run), then the gateway follows
+            if mv is not None:
+                _record_end(cfg, tenant, task, mv, decision, step.detail["run_id"])
             step.detail["result"] = _stop(cfg, tenant, task, why)
             step.action = "rolled_back" if decision.outcome == ROLLBACK else "expired"
-    except Exception as err:  # noqa: BLE001 - the canary keeps running; the next step retries
+    except Exception as err:  # noqa: BLE001 - the next step (or the deployment's reconcile) retries
         step.action, step.detail["error"] = "failed", f"{type(err).__name__}: {err}"
         return step
-    if mv is not None:
+    if mv is not None and decision.outcome == PROMOTE:
         _record_end(cfg, tenant, task, mv, decision, step.detail["run_id"])
     return step
 
@@ -131,31 +143,27 @@ def _registry_version(cfg: TracerlConfig, tenant: str, task: str, version: int) 
 
 
 def _set_challenger(cfg: TracerlConfig, tenant: str, task: str, mv: Any) -> None:
-    from pipelines.adapters import promote
-    from pipelines.adapters.registry import CHALLENGER, model_name
-    from pipelines.tracking import client
-
-    current = promote.alias_version(cfg, tenant, task, CHALLENGER)
+    """The registry names the running canary (``challenger``, status ``canary``): a canary started
+    in the gateway alone (before the registry knew it) is recorded on its first step."""
+    current = promote.canary_version(cfg, tenant, task)
     if current is None or str(current.version) != str(mv.version):
-        client(cfg).set_registered_model_alias(model_name(tenant, task), CHALLENGER, str(mv.version))
-        promote.note_history(cfg, tenant, task, mv.version, "became challenger: serving a canary")
+        promote.enter_canary(cfg, tenant, task, str(mv.version), WHO, "the gateway runs it")
 
 
 def _record_end(cfg: TracerlConfig, tenant: str, task: str, mv: Any, decision: CanaryDecision, run_id: str) -> None:
-    from pipelines.adapters import promote
-
     tags = {TAG + "decision": decision.outcome, TAG + "reasons": "; ".join(decision.reasons),
             TAG + "sessions": f"champion {decision.sessions[0]}, challenger {decision.sessions[1]}",
             TAG + "run_id": run_id, TAG + "decided_at": promote.now()}
     if decision.reward is not None:
         tags[TAG + "reward_gain"] = f"{decision.reward.estimate:+.4f} [{decision.reward.low:+.4f}, " \
                                     f"{decision.reward.high:+.4f}]"
-    if decision.outcome == ROLLBACK:
-        tags[promote.STATUS] = promote.REJECTED
     promote.set_tags(cfg, tenant, task, mv.version, tags)
+    why = f"canary {decision.outcome}: {'; '.join(decision.reasons)}"
     if decision.outcome in (ROLLBACK, EXPIRE):
-        promote.drop_challenger(cfg, tenant, task, mv.version)
-    promote.note_history(cfg, tenant, task, mv.version, f"canary {decision.outcome}: {'; '.join(decision.reasons)}")
+        promote.end_canary(cfg, tenant, task, str(mv.version),
+                           promote.REJECTED if decision.outcome == ROLLBACK else promote.CANARY_ENDED, why)
+    else:
+        promote.note_history(cfg, tenant, task, mv.version, why)
 
 
 def _log(cfg: TracerlConfig, live: Live, sessions: list[Session], decision: CanaryDecision) -> str:

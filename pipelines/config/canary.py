@@ -38,6 +38,10 @@ class CanaryConfig:
     """Share, error rates and budgets of a canary. The test is an always-valid confidence sequence
     (pipelines/canary/sequential.py): it may be checked after every batch of settled sessions."""
 
+    enabled: bool = False                # a candidate that passes the offline gate starts a canary (after
+                                         #   the off-policy estimate) instead of taking all traffic. Off by
+                                         #   default: at 10% share a canary needs ~2x t_opt sessions
+                                         #   (bench/canary.py), days at the demo's ~100 sessions per iteration
     share: float = 0.10                  # the challenger's share of sessions (sticky per conversation)
     alpha: float = 0.05                  # false promotion rate; false rollbacks share another alpha
                                          #   over the reward and the guardrails (Bonferroni)
@@ -48,8 +52,22 @@ class CanaryConfig:
     max_sessions: int = 20000            # expire (champion stays) after this many sessions in all
     max_hours: float = 72.0              # ... or after this long without a decision
     guardrails: dict[str, Guardrail] = field(default_factory=_default_guardrails)
+    holdout_share: float = 0.05          # with ``enabled``: conversations (hash of the trace) no learner
+                                         #   trains on, the slice the off-policy estimate reads
+    offpolicy_method: Literal["dr", "snis"] = "dr"  # doubly robust (context-mean reward model) or plain SNIS
+    offpolicy_clip: float = 20.0         # importance weight cap: bias toward the champion for variance
+    offpolicy_min_ess: float = 30.0      # below this effective sample size the estimate refuses to judge
+    offpolicy_max_turns: int = 256       # newest held-back turns scored (one learner forward each)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.holdout_share < 1.0:
+            raise ValueError(f"canary.holdout_share={self.holdout_share!r} must be in [0, 1), e.g. 0.05")
+        if not self.offpolicy_clip > 1.0:
+            raise ValueError(f"canary.offpolicy_clip={self.offpolicy_clip!r} must be > 1 (a weight cap; 10-100 is usual)")
+        if not self.offpolicy_min_ess >= 1.0:
+            raise ValueError(f"canary.offpolicy_min_ess={self.offpolicy_min_ess!r} must be >= 1")
+        if self.offpolicy_max_turns < 1:
+            raise ValueError(f"canary.offpolicy_max_turns={self.offpolicy_max_turns!r} must be >= 1")
         if not 0.0 < self.share < 1.0:
             raise ValueError(f"canary.share={self.share!r} must be in (0, 1), e.g. 0.1 for 10% of sessions")
         if not 0.0 < self.alpha < 0.5:

@@ -82,7 +82,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
 from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.contract.validate import ValidationError
-from pipelines.deploy import schemas
+from pipelines.deploy import operations, schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
 from pipelines.deploy.emitter import Emitter
 from pipelines.deploy.errors import ApiError, error_response, errors_as_json
@@ -508,7 +508,6 @@ class Gateway:
         """``tracerl deploy | rollback`` over HTTP: move ``champion`` with who and why, then
         reconcile this gateway in a worker thread (the swap drains requests this loop serves)."""
         from pipelines.adapters.promote import RegistryError
-        from pipelines.deploy import operations
 
         self._admin(request)
         if action == "deploy":
@@ -564,7 +563,9 @@ class Gateway:
     async def admin_canary_start(self, request: web.Request) -> web.Response:
         def run(b: schemas.CanaryRequest) -> dict[str, Any]:
             share = b.share if b.share is not None else self.cfg.for_target(b.tenant, b.task).canary.share
-            return self.deployer.start_canary(b.tenant, b.task, b.version, share, b.who or "admin", b.why)
+            record = self.deployer.start_canary(b.tenant, b.task, b.version, share, b.who or "admin", b.why)
+            return {**record, "registry": operations.record_canary(self.cfg, b.tenant, b.task, b.version, True,
+                                                        b.who or "admin", b.why)}
         return await self._canary(request, schemas.CanaryRequest, run)
 
     async def admin_canary_share(self, request: web.Request) -> web.Response:
@@ -572,8 +573,14 @@ class Gateway:
             b.tenant, b.task, b.share, b.who or "admin", b.why or ""))
 
     async def admin_canary_stop(self, request: web.Request) -> web.Response:
-        return await self._canary(request, schemas.CanaryStopRequest, lambda b: self.deployer.stop_canary(
-            b.tenant, b.task, b.who or "admin", b.why))
+        def run(b: schemas.CanaryStopRequest) -> dict[str, Any]:
+            live = self.router.live(b.tenant, b.task)
+            record = self.deployer.stop_canary(b.tenant, b.task, b.who or "admin", b.why)
+            stopped = live.canary.version if live is not None and live.canary is not None else None
+            if stopped is not None:
+                record["registry"] = operations.record_canary(self.cfg, b.tenant, b.task, stopped, False, b.who or "admin", b.why)
+            return record
+        return await self._canary(request, schemas.CanaryStopRequest, run)
 
     async def admin_canaries(self, request: web.Request) -> web.Response:
         self._admin(request)

@@ -159,3 +159,26 @@ def approve_tagged(cfg: TracerlConfig, approval_tag: str) -> list[ActionResult]:
             done[(tenant, task)] = promote.promote_approved(cfg, tenant, task, approval_tag)
     return [_settle(cfg, "approve", tenant, task, {"approved": moves}, "mlflow-ui")
             for (tenant, task), moves in sorted(done.items())]
+
+
+def record_canary(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, started: bool,
+                  who: str, why: str) -> str:
+    """Write a canary the gateway's admin API just started or stopped into the registry, which
+    every other path reads as the truth (``challenger`` with status ``canary``): the reconciler
+    then keeps the gateway that way. Never fails the gateway action: an unregistered adapter or an
+    unreachable registry comes back as a note (the canary step records it on its next run)."""
+    from pipelines.adapters import promote, registry
+
+    try:
+        mv = registry.version_for_adapter(cfg, tenant, task, int(adapter_version))
+        if mv is None:
+            return f"adapter v{adapter_version} is not registered: the registry is unchanged"
+        if started:
+            promote.enter_canary(cfg, tenant, task, str(mv.version), who, why)
+            return f"registry version {mv.version} is the challenger (status canary)"
+        if mv.tags.get(promote.STATUS) == promote.CANARY:
+            promote.end_canary(cfg, tenant, task, str(mv.version), promote.CANARY_ENDED, f"stopped by {who}: {why}")
+            return f"registry version {mv.version}: canary ended, challenger dropped"
+        return f"registry version {mv.version} keeps status {mv.tags.get(promote.STATUS)!r}"
+    except Exception as err:  # noqa: BLE001 - the gateway did what was asked; say what the registry did not
+        return f"registry not updated ({type(err).__name__}: {err})"

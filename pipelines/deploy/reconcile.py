@@ -28,6 +28,7 @@ from pipelines.config import TracerlConfig
 SERVED_FROM, SERVED_UNTIL, STOPPED = "tracerl.served_from", "tracerl.served_until", "tracerl.stopped_reason"
 
 Step = Literal["in_sync", "no_champion", "wait", "swap"]
+CanaryStep = Literal["none", "in_sync", "start", "stop", "replace", "wait"]
 Outcome = Literal["in_sync", "no_champion", "waiting", "swapped", "failed"]
 Swapper = Callable[[str, str, int, str], dict[str, Any]]  # (tenant, task, version, who) -> the swap record
 
@@ -44,6 +45,23 @@ def plan(desired: int | None, live: int | None, gateway_running: bool) -> Step:
     return "swap" if gateway_running else "wait"
 
 
+def plan_canary(desired: int | None, live: int | None, live_ended: bool, champion: int | None,
+                gateway_running: bool) -> CanaryStep:
+    """The canary's half of the decision, pure. ``desired``: the adapter behind ``challenger`` with
+    status ``canary``; ``live``: the route's canary; ``live_ended``: the registry records the live
+    canary's version as decided (rejected, expired, stopped). A live canary the registry knows
+    nothing of (an unregistered adapter) is left alone: never stop on a guess."""
+    if desired is not None and desired == champion:
+        desired = None  # promoted: the flip to it ended its canary
+    if desired == live:
+        return "none" if live is None else "in_sync"
+    if desired is None and not live_ended:
+        return "none"
+    if not gateway_running:
+        return "wait"
+    return "stop" if desired is None else ("start" if live is None else "replace")
+
+
 @dataclass
 class TargetResult:
     """One tenant/task after reconcile. Versions are adapter-store versions (what routes name)."""
@@ -56,6 +74,7 @@ class TargetResult:
     outcome: Outcome
     reason: str = ""              # swapped: why the champion is champion; failed: the error
     swap: dict[str, Any] | None = None  # the gateway's swap record (drain, requests during it)
+    canary: str = ""              # what reconcile did to the route's canary ("" = nothing to do)
 
     @property
     def key(self) -> str:
@@ -67,7 +86,7 @@ class TargetResult:
                 "waiting": f"waiting for gateway to serve {label(self.champion)} ({label(self.before)} routed)",
                 "swapped": f"now serving {label(self.after)} (was {label(self.before)}): {self.reason}",
                 "failed": f"swap to {label(self.champion)} failed, {label(self.after)} keeps serving: {self.reason}"}
-        return f"{self.key}: {what[self.outcome]}"
+        return f"{self.key}: {what[self.outcome]}" + (f"; canary: {self.canary}" if self.canary else "")
 
 
 @dataclass
@@ -144,7 +163,43 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         result.reason = mv.tags.get(REASON) or "champion"
         _record_served(cfg, tenant, task, str(mv.version), before, desired, result.reason,
                        (result.swap or {}).get("at"))
+    if swapper is None:  # inside the gateway its admin API moves canaries itself
+        for result in report.targets:
+            if result.outcome != "failed":
+                result.canary = _reconcile_canary(cfg, result.tenant, result.task, result.champion, who,
+                                                  report.gateway_running)
     return report
+
+
+def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int | None, who: str,
+                      gateway_running: bool) -> str:
+    """Make the route's canary what the registry says (``plan_canary``); a line saying what was done."""
+    from pipelines.adapters import promote, registry
+    from pipelines.deploy.routing import Router
+    from pipelines.deploy.service import GatewayError, canary
+
+    live = Router(cfg.home / "deploy" / "routes.json").live(tenant, task)
+    running = live.canary.version if live is not None and live.canary is not None else None
+    mv = promote.canary_version(cfg, tenant, task)
+    desired = tag_version(mv) if mv is not None else None
+    live_mv = registry.version_for_adapter(cfg, tenant, task, running) if running is not None else None
+    ended = live_mv is not None and live_mv.tags.get(promote.STATUS) != promote.CANARY
+    step = plan_canary(desired, running, ended, champion, gateway_running)
+    if step in ("none", "in_sync"):
+        return "" if step == "none" else f"{label(running)} in sync"
+    if step == "wait":
+        return f"waiting for gateway (registry: {label(desired)}, routed: {label(running)})"
+    try:
+        if step in ("stop", "replace"):
+            why = f"the registry says {live_mv.tags.get(promote.STATUS) if live_mv is not None else 'another version'}"
+            canary(cfg, "stop", tenant, task, who=who, why=why)
+        if step in ("start", "replace"):
+            canary(cfg, "start", tenant, task, version=desired, who=who,
+                   why=f"registry version {mv.version} is the challenger (status canary)")
+    except (GatewayError, OSError) as e:
+        return f"{step} failed: {e}"
+    return {"stop": f"stopped {label(running)}", "start": f"started {label(desired)}",
+            "replace": f"replaced {label(running)} with {label(desired)}"}[step]
 
 
 def _record_served(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, before: int | None,

@@ -1,5 +1,5 @@
 """Off-policy estimate of a candidate's live reward from logged turns. Pure (numpy); the caller
-brings the logprobs. docs/gate.md "Off-policy estimate" says where they come from.
+brings the logprobs (pipelines/gate/live_estimate.py: the held-back slice and a learner forward). docs/canary.md.
 
 Each logged turn i: a context x_i (the conversation so far), the reply y_i the behaviour policy
 q served, its reward r_i, and log q(y_i|x_i) (the sum of the logged token logprobs). The

@@ -5,6 +5,8 @@
       -> same items, same sampling, same seeds -> per-item scores (and replies, in memory)
       -> paired test per suite (primaries: sequential looks) + MDE -> behaviour signatures
       -> decision with reasons
+      -> with canary.enabled, on a pass: the off-policy estimate on the held-back slice
+         (live_estimate.py); significantly worse than the champion = reject, else the canary
       -> MLflow run (aggregates, hashed item ids, plot) + version tags + aliases
 
 Nothing in clear text leaves: MLflow gets means, bounds, p-values, counts, item hashes and
@@ -27,6 +29,8 @@ from pipelines.evals.suites import Suite, load_suites, suite_problem
 from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite
 from pipelines.gate.decide import decide as decide_
 from pipelines.gate.evaluate import Backend, Samples, VllmBackend, sample_suite
+from pipelines.gate.live_estimate import offpolicy_verdict
+from pipelines.gate.offpolicy import WORSE, OffPolicyVerdict
 from pipelines.gate.sequential import sequential_compare
 from pipelines.gate.signatures import compare_signatures
 from pipelines.gate.stats import compare
@@ -44,6 +48,8 @@ class GateResult:
     items: int = 0
     promoted: dict[str, Any] | None = None
     contamination: list[str] = field(default_factory=list)
+    offpolicy: OffPolicyVerdict | None = None  # with canary.enabled, on a pass
+    canary: bool = False              # passed and entered the canary (challenger, status canary), not champion
 
     @property
     def passed(self) -> bool:
@@ -72,7 +78,9 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     """Gate ``registry_version`` of ``tenant.task`` against its champion (or the base model).
 
     ``training_prompts``: the input messages the candidate's lineage trained on; None reads
-    them from the lake's ``trained_turns`` ledger. ``deploy(tenant, task, adapter_version)``
+    them from the lake's ``trained_turns`` ledger. With ``canary.enabled`` a pass does not move
+    ``champion``: the version becomes the ``challenger`` with status ``canary`` (after the
+    off-policy estimate), and reconcile starts its canary in the gateway. ``deploy(tenant, task, adapter_version)``
     is called before ``champion`` moves (promote only; not in review mode).
     Raises ``ContaminationError`` (after tagging the version rejected) if eval items were trained on.
     """
@@ -108,12 +116,12 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         raise ContaminationError(f"{name} v{registry_version}: " + result.decision.reasons[0])
 
     problem = suite_problem(gate.suites_dir, tenant, task, suites)  # none, or placeholder items
+    scores: dict[str, tuple[list[float], list[float]]] = {}
     if problem:
         lenient = not suites and not gate.fail_on_missing_suites  # placeholders never pass
         outcome = (HOLD if gate.review else PROMOTE) if lenient else REJECT
         result.decision = Decision(outcome, [problem + ("" if suites else
                                              f" (gate.fail_on_missing_suites={gate.fail_on_missing_suites})")])
-        _record(cfg, gate, result, suites, {})
     else:
         # -- serve both side by side, evaluate on identical requests -------------------------
         backend = backend or embedded_backend(cfg, gate)
@@ -124,7 +132,6 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         if champ_av is not None:
             backend.prepare(champ_name, store.get(tenant, task, champ_av).path)
         judge = judge_from(gate.judge_url, gate.judge_model, gate.judge_api_key_env)
-        scores: dict[str, tuple[list[float], list[float]]] = {}
         verdicts, replies = [], Replies()
         try:
             for s in suites:
@@ -139,10 +146,16 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
                                    gate.n_bootstrap, gate.seed) if gate.signatures.enabled else [])
         result.decision = decide_(verdicts, gate, None if kl is None else float(kl), sigs)
         result.items = sum(len(s.items) for s in suites)
-        _record(cfg, gate, result, suites, scores)
+    if result.decision.outcome == PROMOTE and cfg.canary.enabled:
+        _offpolicy(cfg, result, store.get(tenant, task, cand_av).path,
+                   tag_version(champ) if champ is not None else None)
+    _record(cfg, gate, result, suites, scores)
 
     # -- move aliases -------------------------------------------------------------------------
-    if result.decision.outcome == PROMOTE:
+    if result.decision.outcome == PROMOTE and cfg.canary.enabled:  # live evidence first (docs/canary.md)
+        reg.enter_canary(cfg, tenant, task, str(registry_version), "gate", result.decision.reasons[-1])
+        result.canary = True
+    elif result.decision.outcome == PROMOTE:
         result.promoted = reg.promote(cfg, tenant, task, str(registry_version), deploy)
     elif result.decision.outcome == HOLD:
         reg.mark_challenger(cfg, tenant, task, str(registry_version))
@@ -150,6 +163,20 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         reg.mark_rejected(cfg, tenant, task, str(registry_version))
     result.seconds = round(time.monotonic() - t0, 2)
     return result
+
+
+def _offpolicy(cfg: TracerlConfig, result: GateResult, candidate_dir: Any, champion: int | None) -> None:
+    """The off-policy estimate on the held-back slice: a candidate estimated significantly worse
+    than the champion's logged reward is rejected; ``refuse`` (too little overlap or data) lets the
+    canary decide alone, with the reason recorded."""
+    v = offpolicy_verdict(cfg, result.tenant, result.task, candidate_dir, champion)
+    result.offpolicy = v
+    if v.verdict == WORSE:
+        result.decision.outcome = REJECT
+        result.decision.reasons.append(f"off-policy estimate: {v.reason}; not entering the canary")
+    else:
+        result.decision.reasons.append(f"off-policy estimate ({v.verdict}): {v.reason}; entering the canary "
+                                       f"at {cfg.canary.share:.0%} of conversations")
 
 
 @dataclass
@@ -212,6 +239,7 @@ def _evaluate(backend: Backend, cand: str, champ: str, suite: Suite, gate: GateC
 def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: list, scores: dict) -> None:
     """One MLflow run + version tags: aggregates and item hashes only."""
     import mlflow
+    import numpy as np
 
     from pipelines import tracking
     from pipelines.gate.plots import log_history_plot
@@ -252,6 +280,18 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
                           f"signature.{sg.name}.blocked": sg.blocked})
         if d.warnings:
             vtags["tracerl.gate.warnings"] = " | ".join(d.warnings)
+        if result.offpolicy is not None:
+            op = result.offpolicy
+            vtags.update({"tracerl.offpolicy.verdict": op.verdict, "tracerl.offpolicy.reason": op.reason,
+                          "tracerl.offpolicy.estimate": f"{op.estimate.value:.4f} ± {op.estimate.se:.4f}",
+                          "tracerl.offpolicy.champion": f"{op.champion_value:.4f}",
+                          "tracerl.offpolicy.ess": f"{op.estimate.ess:.1f} of {op.estimate.n}"})
+            mlflow.log_metrics({k: float(x) for k, x in (
+                ("offpolicy.estimate", op.estimate.value), ("offpolicy.se", op.estimate.se),
+                ("offpolicy.ess", op.estimate.ess), ("offpolicy.n", op.estimate.n),
+                ("offpolicy.clipped", op.estimate.clipped), ("offpolicy.champion", op.champion_value),
+                ("offpolicy.low", op.low), ("offpolicy.high", op.high)) if np.isfinite(x)})
+            mlflow.log_dict(op.to_dict(), "gate/offpolicy.json")
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
         mlflow.log_dict({name: {"fingerprint": by_name[name].fingerprint,
                                 "items": [{"hash": it.hash, "candidate": a, "champion": b}
@@ -279,7 +319,8 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
         out.append({"tenant": tenant, "task": task, "registry_version": version, "baseline": r.baseline,
                     "outcome": r.decision.outcome, "passed": r.passed, "reasons": r.decision.reasons,
                     "items": r.items, "seconds": r.seconds, "mlflow_run_id": r.run_id,
-                    "warnings": r.decision.warnings,
+                    "warnings": r.decision.warnings, "canary": r.canary,
+                    "offpolicy": _finite(r.offpolicy.to_dict()) if r.offpolicy is not None else None,
                     "suites": {v.suite: {"role": v.role, "candidate": v.stats.candidate_mean,
                                          "champion": v.stats.champion_mean, "delta": v.stats.delta,
                                          "low": v.stats.low, "passed": v.passed, "mde": v.mde,
@@ -288,6 +329,14 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
                     "signatures": {g.name: {"candidate": g.candidate, "champion": g.champion, "blocked": g.blocked}
                                    for g in r.decision.signatures}})
     return out
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """JSON-safe: NaN and infinities (an estimate that refused) as None."""
+    import math
+
+    return {k: _finite(v) if isinstance(v, dict) else (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in d.items()}
 
 
 def undecided_version(cfg: TracerlConfig, tenant: str, task: str) -> str | None:

@@ -28,6 +28,7 @@ from pipelines.train.optim_state import OPTIMIZER_FILE
 
 # registry version tags that end a branch (written by pipelines/gate/run.py and promote.py)
 CONTAMINATION_TAG, STATUS_TAG, ROLLED_BACK = "tracerl.gate.contamination", "tracerl.gate.status", "rolled_back"
+CANARY_DECISION_TAG, CANARY_REASONS_TAG = "tracerl.canary.decision", "tracerl.canary.reasons"  # pipelines/canary/run.py
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ def reset_reason(head: AdapterVersion, registry_tags: dict[str, str], *, max_kl:
         return f"contamination: v{head.version} was rejected for training on eval items"
     if registry_tags.get(STATUS_TAG) == ROLLED_BACK:
         return f"rolled_back: v{head.version} was promoted, then rolled back"
+    if registry_tags.get(CANARY_DECISION_TAG) == "rollback":
+        return f"canary: v{head.version} was rolled back on live traffic ({registry_tags.get(CANARY_REASONS_TAG, '')})"
     kl = (head.meta.get("metrics") or {}).get("kl")
     if kl is not None and float(kl) > max_kl:
         return f"kl: v{head.version} last-step KL {float(kl):.4g} > learner.branch_max_kl={max_kl}"

@@ -21,8 +21,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipelines.adapters import promote
 from pipelines.config import TracerlConfig, gate_config
 from pipelines.evals.contamination import eval_hashes, exclude_eval_turns
+from pipelines.lake.holdout import held_back_sql
 from pipelines.lake.ledger import ledger_source, record_ledger
 from pipelines.lake.query import connect
 from pipelines.adapters.store import AdapterStore
@@ -52,14 +54,18 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -
 
     Turns with identical input messages form a group (several samples of one prompt). A turn
     marked ``train = false`` (eval traffic, no consent: ``X-Tracerl-Train: false`` at the
-    gateway) is never one of them; it still lands and gets its reward.
+    gateway) is never one of them; it still lands and gets its reward. With ``canary.enabled``,
+    neither is a turn of a held-back conversation (pipelines/lake/holdout.py): the off-policy
+    estimate reads those.
     """
+    holdout = cfg.canary.holdout_share if cfg.canary.enabled else 0.0
     con = connect(cfg.lake)
     rows = con.execute(f"""
         SELECT t.turn_id, t.task, t.prompt_token_ids, t.input_messages::VARCHAR, t.output_token_ids,
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND t.train AND t.tenant = ? AND t.task = ?
+          AND NOT ({held_back_sql(holdout)})
           AND t.turn_id NOT IN (SELECT l.turn_id FROM {ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time LIMIT ?""", [tenant, task, tenant, task, limit]).fetchall()
@@ -84,6 +90,10 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
 
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] learner/train/gate settings
     lc = cfg.learner
+    canary = promote.canary_version(cfg, tenant, task)
+    if canary is not None:  # the two arms a canary compares stay fixed until it is decided
+        return LearnerResult(tenant, task, "skipped", reason=f"a canary runs registry version {canary.version} "
+                                                             f"(`tracerl canary status`): learning resumes when it ends")
     hashes = eval_hashes(gate_config(cfg).suites_dir, tenant, task)
     turns = new_training_turns(cfg, tenant, task, limit=lc.max_turns)
     # Private evals are never trained on: drop turns whose prompt matches an eval item, and
