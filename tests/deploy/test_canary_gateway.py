@@ -403,3 +403,47 @@ def _ended(cfg: TracerlConfig, traces: set[str]) -> bool:
     finally:
         con.close()
     return got == traces
+
+
+def test_reconcile_starts_and_stops_the_canary_the_registry_names(stack):
+    """Alias as truth for canaries too: `challenger` with status canary makes the `deployment`
+    reconcile start it in the gateway (at canary.share), a decided one (canary_ended) stops it, and
+    requests meanwhile never fail; the admin API's own start lands in the registry."""
+    from pipelines.adapters import promote, registry
+    from pipelines.deploy.reconcile import reconcile
+    from tests.deploy.test_gateway import register
+
+    task = "registry-truth"
+    route(stack, task)
+    first, second = register(stack.cfg, 1, "acme", task), register(stack.cfg, 2, "acme", task)
+    promote.move_champion(stack.cfg, "acme", task, first, action="deploy", who="test", why="first champion")
+    promote.enter_canary(stack.cfg, "acme", task, second, "gate", "passed")
+    failures, stop = [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            status, out = chat(stack, task)
+            if status != 200:
+                failures.append(out)
+
+    t = threading.Thread(target=load)
+    t.start()
+    try:
+        (res,) = reconcile(stack.cfg, [("acme", task)], who="dagster").targets
+        assert res.outcome == "in_sync" and res.canary == "started v2", res.line()
+        (live,) = [c for c in admin(stack, "/admin/canary")[1]["canaries"] if c["task"] == task]
+        assert live["challenger"] == 2 and live["share"] == stack.cfg.canary.share and live["who"] == "dagster"
+        assert reconcile(stack.cfg, [("acme", task)]).targets[0].canary == "v2 in sync"  # idempotent
+        promote.end_canary(stack.cfg, "acme", task, second, promote.CANARY_ENDED, "expired")
+        assert reconcile(stack.cfg, [("acme", task)]).targets[0].canary == "stopped v2"
+        assert not [c for c in admin(stack, "/admin/canary")[1]["canaries"] if c["task"] == task]
+        # an operator's start through the admin API writes the registry itself
+        assert admin(stack, "/admin/canary", {"tenant": "acme", "task": task, "version": 2, "why": "again"})[0] == 200
+        assert str(promote.canary_version(stack.cfg, "acme", task).version) == second
+        status, out = admin(stack, "/admin/canary/stop", {"tenant": "acme", "task": task, "why": "done"})
+        assert status == 200 and "canary ended" in out["registry"], out
+        assert promote.alias_version(stack.cfg, "acme", task, registry.CHALLENGER) is None
+    finally:
+        stop.set()
+        t.join()
+    assert failures == []
