@@ -22,7 +22,7 @@ from pipelines.config import TracerlConfig
 from pipelines.gate.run import gate_candidates
 
 NO_CONTAMINATION = "no_contamination"
-BLOCKING = ("contaminated", "error")  # every other outcome (promote, hold, reject) lets deployment run
+BLOCKING = ("contaminated", "error")  # every other outcome (promote, canary, hold, reject) lets deployment run
 
 
 def run_candidate(context: dg.AssetExecutionContext) -> dict | None:
@@ -90,7 +90,8 @@ def promotion(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: Mlf
     rv = str(candidate["registry_version"])
     d = gate_one(lake.settings(), tenant, task, rv)  # the lake's trained-turns ledger (contamination), the
                                                      # registry's champion; the decision goes to MLflow
-    outcome, reasons = d["outcome"], list(d.get("reasons") or [])
+    # a pass with canary.enabled enters the canary: its outcome says so (champion did not move)
+    outcome, reasons = "canary" if d.get("canary") else d["outcome"], list(d.get("reasons") or [])
     line = f"{tenant}/{task} v{candidate['adapter_version']} (registry {rv}): {outcome}: {'; '.join(reasons)}"
     (context.log.error if outcome in BLOCKING else context.log.info)(line)
     tag_run(context, {OUTCOME_TAG: outcome})
@@ -101,7 +102,7 @@ def promotion(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: Mlf
         "candidate_adapter_version": int(candidate["adapter_version"]),
         "candidate_registry_version": rv,
         "model_version": mlflow.model_version_url(tenant, task, rv),
-        "promoted": float(outcome == "promote" and not d.get("canary")),
+        "promoted": float(outcome == "promote"),
         "canary": bool(d.get("canary")),  # passed, and entered the canary (canary.enabled) instead
         "offpolicy": dg.MetadataValue.json(d.get("offpolicy") or {}),
         "champion_adapter_version": champion["adapter_version"] if champion else dg.MetadataValue.null(),
