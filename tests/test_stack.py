@@ -5,7 +5,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
+
+import pytest
 
 from pipelines.config import TracerlConfig
 from pipelines.services import process
@@ -38,6 +41,30 @@ def test_a_taken_port_moves_to_a_free_one():
         taken = busy.getsockname()[1]
         assert process.free_port(taken) != taken
     assert process.free_port(taken) == taken  # free again
+
+
+def test_a_service_refuses_a_port_another_program_answers_on(tmp_path):
+    """Else its health check would pass on the stranger's answer and every call would reach it."""
+    run, port = tmp_path / "run", process.free_port()
+    other = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: process.port_open(port))
+        with pytest.raises(process.ServiceError, match=f"web: port {port} is already in use"):
+            process.spawn("web", [sys.executable, "-c", "pass"], run_dir=run, log=tmp_path / "web.log",
+                          port=port, url=f"http://127.0.0.1:{port}")
+        assert process.read_state(run, "web") is None  # nothing started, nothing recorded
+    finally:
+        other.kill()
+
+
+def wait_until(cond, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_recycled_pid_is_not_trusted(tmp_path):

@@ -161,6 +161,9 @@ def spawn(name: str, argv: list[str], *, run_dir: Path, log: Path, port: int, ur
     prev = recorded(run_dir, name)
     if prev is not None and not alive(prev) and leftovers(prev):
         stop_group(prev)  # the children of a leader killed -9 still hold its port
+    if port_open(port):  # else the health check below would pass on another program's answer
+        raise ServiceError(f"{name}: port {port} is already in use by another program: free it, or set "
+                           f"another port in the config")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         out.write(f"\n==== tracerl start {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(argv)}\n".encode())

@@ -54,6 +54,11 @@ def stack(tmp_path_factory, broker):
 
     root = tmp_path_factory.mktemp("canary")
     home, toml = root / "home", root / "tracerl.toml"
+    base = make_tiny_llama(root / "tiny", warmup_steps=20)
+    sources = {seed: make_adapter(base, root / f"src-{seed}", seed=seed) for seed in (1, 2)}
+    start_vllm(base, home=home, port=None, max_loras=4, max_lora_rank=16, max_cpu_loras=8,
+               dtype="float32", start_timeout_s=300)
+    # the gateway's fixed port (the kill -9 restart comes back on it) is picked once vLLM holds its own
     toml.write_text(f'home = "{home}"\n[kafka]\nbootstrap_servers = "{broker.bootstrap}"\n'
                     f'topic = "t-{uuid.uuid4().hex[:10]}"\n[gateway]\nport = {free_port()}\n'
                     f'drain_timeout_s = 60.0\n')
@@ -62,10 +67,6 @@ def stack(tmp_path_factory, broker):
             mp.delenv(name, raising=False)
         cfg = load_config(toml)
     ensure_topic(cfg)
-    base = make_tiny_llama(root / "tiny", warmup_steps=20)
-    sources = {seed: make_adapter(base, root / f"src-{seed}", seed=seed) for seed in (1, 2)}
-    start_vllm(base, home=cfg.home, port=None, max_loras=4, max_lora_rank=16, max_cpu_loras=8,
-               dtype="float32", start_timeout_s=300)
     key = tenant_key(cfg, "acme")
     try:
         start_gateway(cfg, config_path=str(toml))
