@@ -7,7 +7,7 @@ STAMP := .venv/.installed
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 export DAGSTER_HOME := $(CURDIR)/dagster_home
 
-.PHONY: venv vllm-venv demo up down test dagster bench clean
+.PHONY: venv vllm-venv demo demo-canary up down test dagster bench clean
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -37,6 +37,10 @@ $(VLLM_STAMP): Makefile
 # The closed loop on SmolLM2-135M-Instruct: traffic, ingest, rewards, train, gate, hot swap, 3 times.
 demo: venv $(VLLM_STAMP)
 	.venv/bin/tracerl demo
+
+# The canary (issue #15): a good candidate promoted through it, a deliberately bad one rolled back.
+demo-canary: venv $(VLLM_STAMP)
+	.venv/bin/tracerl demo --canary
 
 # The long-running local stack (Kafka, MLflow, vLLM, gateway, Dagster); `make down` stops it.
 up: venv $(VLLM_STAMP)

@@ -32,7 +32,8 @@ from pipelines.config import TracerlConfig
 STEP_EVENTS = {dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS,
                dg.DagsterEventType.STEP_FAILURE}
 FAILED = "failed"  # outcome of a run that did not complete
-FIELDS = {"candidate_adapter": "candidate", "promotion": "promotion", "deployment": "deployment"}  # LoopRun's
+FIELDS = {"candidate_adapter": "candidate", "promotion": "promotion", "deployment": "deployment",
+          "canary": "canary"}  # LoopRun's
 
 
 class LoopBusy(RuntimeError):
@@ -124,6 +125,7 @@ class LoopRun:
     candidate: dict[str, Any] | None = None       # candidate_adapter metadata (None: no candidate)
     promotion: dict[str, Any] | None = None       # promotion metadata (None: nothing gated)
     deployment: dict[str, Any] | None = None      # deployment metadata (None: skipped or failed)
+    canary: dict[str, Any] | None = None          # canary metadata (a run of canary_job)
     error: str | None = None                      # the first failed step's message
     skip_reason: str | None = None                # why the learner trained nothing (tracerl/reason)
 
@@ -175,8 +177,6 @@ def run_iteration(resource: TracerlResource, tenant: str, task: str, *, instance
     """Execute `closed_loop_job` for tenant/task in this process and wait; `during` maps step keys
     to context managers held while that step runs. Raises `LoopBusy` without starting anything
     when the target has an iteration going; a failed run is returned (`success` False), not raised."""
-    from assets.definitions import defs
-
     cfg = resource.load()
     instance = instance or dagster_instance()
     key = ensure_target(instance, tenant, task)
@@ -185,12 +185,24 @@ def run_iteration(resource: TracerlResource, tenant: str, task: str, *, instance
         if busy is not None:
             raise LoopBusy(f"{key}: Dagster run {busy.run_id} ({busy.job_name}, {busy.status.value}) is still "
                            f"going; wait for it, or cancel it in the Dagster UI")
-        run_id = str(uuid.uuid4())
-        with StepWatcher(instance, run_id, during or {}):
-            defs.resolve_job_def(LOOP_JOB).execute_in_process(
-                instance=instance, partition_key=key, run_id=run_id, raise_on_error=False,
-                run_config={**(run_config or {}), "resources": {"tracerl": {"config": resource_config(resource)}}},
-                tags={"tracerl/driver": "in-process", **(tags or {})})
+        return run_job(resource, LOOP_JOB, key, instance=instance, run_config=run_config, tags=tags, during=during)
+
+
+def run_job(resource: TracerlResource, job: str, partition_key: str | None = None, *,
+            instance: dg.DagsterInstance | None = None, run_config: dict[str, Any] | None = None,
+            tags: dict[str, str] | None = None,
+            during: dict[str, AbstractContextManager[Any]] | None = None) -> LoopRun:
+    """Execute one job of the definitions (e.g. `ingest_job`, `canary_job`) in this process with
+    `resource`'s settings, and read the run back; a failed run is returned, not raised."""
+    from assets.definitions import defs
+
+    instance = instance or dagster_instance()
+    run_id = str(uuid.uuid4())
+    with StepWatcher(instance, run_id, during or {}):
+        defs.resolve_job_def(job).execute_in_process(
+            instance=instance, partition_key=partition_key, run_id=run_id, raise_on_error=False,
+            run_config={**(run_config or {}), "resources": {"tracerl": {"config": resource_config(resource)}}},
+            tags={"tracerl/driver": "in-process", **(tags or {})})
     return read_run(instance, run_id)
 
 

@@ -41,11 +41,17 @@ class TracerlResource(dg.ConfigurableResource):
     home: str | None = None          # overrides `home`
     reward_spec: str | None = None   # overrides `reward.spec` (per-target entries still win), e.g. the
                                      # simulator's spec for an in-process demo run
+    targets_json: str | None = None  # JSON merged over `targets` (per-target entries), e.g. the canary
+                                     # demo's {"acme/concise": {"canary": {"enabled": true, ...}}}
 
     def load(self) -> TracerlConfig:
+        import json
+
         overrides: dict = {"home": self.home} if self.home else {}
         if self.reward_spec:
             overrides["reward"] = {"spec": self.reward_spec}
+        if self.targets_json:
+            overrides["targets"] = json.loads(self.targets_json)
         return load_config(self.config_path, **overrides)
 
 

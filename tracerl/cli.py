@@ -306,7 +306,10 @@ def cmd_schema(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from assets.demo import main  # drives the Dagster job, so it lives beside the assets
+    if args.canary:
+        from assets.canary_demo import main
+    else:
+        from assets.demo import main  # drives the Dagster job, so it lives beside the assets
 
     return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
 
@@ -508,6 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--iterations", type=int, default=3)
     s.add_argument("--fresh", action="store_true", help="clear the loop's state first (lake, adapters, MLflow)")
     s.add_argument("--keep", action="store_true", help="leave Kafka, vLLM and the gateway running")
+    s.add_argument("--canary", action="store_true",
+                   help="the canary's demo instead: a good candidate promoted through a canary, a deliberately "
+                        "bad one (an update applied backwards) rolled back by it; --iterations bounds the loop "
+                        "iterations spent finding the good one")
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("loop", help="one iteration of the closed-loop Dagster job for one tenant/task, "
                                     "in this process (DAGSTER_HOME); prints the candidate, the gate's decision "

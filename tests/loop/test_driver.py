@@ -127,3 +127,20 @@ def test_step_watcher_holds_its_context_exactly_while_the_step_runs():
     started = run.step_end["watched"] - run.stage_s["watched"]
     assert run.step_end["before"] <= rec.entered and rec.entered - started < 0.5  # not before the step
     assert run.step_end["watched"] <= rec.exited < run.step_end["watched"] + 0.5  # and not long after it
+
+
+def test_the_resource_s_target_entries_reach_every_run_and_are_checked(loop_home):
+    """`targets_json` (the canary demo's per-target canary) is merged over tracerl.toml's targets
+    in every run that loads the resource; a wrong key fails the load, naming it."""
+    import json
+
+    from pipelines.config.parse import ConfigError
+
+    _, toml = loop_home
+    entry = {"acme/concise": {"canary": {"enabled": True, "share": 0.5}}}
+    cfg = TracerlResource(config_path=str(toml), targets_json=json.dumps(entry)).load()
+    assert cfg.for_target("acme", "concise").canary.enabled and cfg.for_target("acme", "concise").canary.share == 0.5
+    assert not cfg.for_target("acme", "other").canary.enabled and not cfg.canary.enabled
+    bad = {"acme/concise": {"canary": {"shares": 0.5}}}
+    with pytest.raises(ConfigError, match="shares"):
+        TracerlResource(config_path=str(toml), targets_json=json.dumps(bad)).load()

@@ -1,0 +1,87 @@
+"""The canary demo's deliberately bad candidate (pipelines/loop/backwards.py): an adapter's update
+applied backwards, published and registered like any candidate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.config import TracerlConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from pipelines.models.tiny import make_tiny_llama
+    from tests.deploy.test_vllm import make_adapter
+
+    root = tmp_path_factory.mktemp("backwards")
+    base = make_tiny_llama(root / "tiny", warmup_steps=0)
+    return base, make_adapter(base, root / "good", seed=3)
+
+
+def merged_delta(base, adapter) -> dict:
+    """Per weight matrix: (base + the adapter's update) - base, as PEFT merges it."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict()
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                                       adapter).merge_and_unload().state_dict()
+    return {k: merged[k] - plain[k] for k in plain if not torch.equal(merged[k], plain[k])}
+
+
+def test_the_backwards_adapter_serves_the_update_reversed(tiny, tmp_path):
+    import torch
+
+    from pipelines.loop.backwards import reverse_update
+
+    base, good = tiny
+    n = reverse_update(good, tmp_path / "bad")
+    assert n == 4 * 2  # q, k, v, o in each of the tiny model's layers
+    up, down = merged_delta(base, good), merged_delta(base, tmp_path / "bad")
+    assert up and set(up) == set(down)
+    for k in up:
+        assert torch.allclose(down[k], -up[k], atol=1e-6), k
+    assert json.loads((tmp_path / "bad" / "adapter_config.json").read_text()) == \
+        json.loads((good / "adapter_config.json").read_text())
+
+
+def test_a_folder_without_lora_b_is_refused(tiny, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from pipelines.loop.backwards import reverse_update
+
+    src = tmp_path / "not-lora"
+    src.mkdir()
+    save_file({"w": torch.ones(2)}, str(src / "adapter_model.safetensors"))
+    with pytest.raises(ValueError, match="no lora_B tensors"):
+        reverse_update(src, tmp_path / "out")
+
+
+def test_published_with_its_lineage_and_registered_as_deliberately_bad(tiny, tmp_path, monkeypatch):
+    from pipelines.adapters import registry
+    from pipelines.adapters.store import AdapterStore
+    from pipelines.loop.backwards import publish_backwards
+    from pipelines.tracking import client
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    _, good = tiny
+    cfg = TracerlConfig(home=tmp_path / "home")
+    store = AdapterStore(cfg.adapter_root)
+    store.publish("acme", "concise", good, {"parent_version": None, "base_model_hash": "h", "data_window": None,
+                                            "reward_spec_version": "s1", "config": {"lr": 1}, "metrics": {"kl": 0.1}})
+    assert publish_backwards(cfg, "acme", "concise", 1) == 2
+    bad = store.get("acme", "concise", 2)
+    assert bad.meta["parent_version"] == 1 and bad.meta["base_model_hash"] == "h"
+    assert "applied backwards" in bad.meta["config"]["deliberately_bad"] and bad.meta["metrics"] == {}
+    assert [v.version for v in store.lineage("acme", "concise", 2)] == [2, 1]
+    mv = registry.version_for_adapter(cfg, "acme", "concise", 2)
+    assert mv.tags["tracerl.deliberately_bad"] == "true" and mv.tags["parent_version"] == "1"
+    artifacts = {a.path for a in client(cfg).list_artifacts(mv.run_id, "adapter")}
+    assert "adapter/adapter_model.safetensors" in artifacts
+    with pytest.raises(KeyError):
+        publish_backwards(cfg, "acme", "concise", 9)  # no such version: nothing published
+    assert store.latest("acme", "concise").version == 2
