@@ -194,8 +194,9 @@ def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int 
             why = f"the registry says {live_mv.tags.get(promote.STATUS) if live_mv is not None else 'another version'}"
             canary(cfg, "stop", tenant, task, who=who, why=why)
         if step in ("start", "replace"):
-            canary(cfg, "start", tenant, task, version=desired, who=who,
-                   why=f"registry version {mv.version} is the challenger (status canary)")
+            # this target's share, sent: the gateway's own config may lack the entry that set it
+            canary(cfg, "start", tenant, task, version=desired, share=cfg.for_target(tenant, task).canary.share,
+                   who=who, why=f"registry version {mv.version} is the challenger (status canary)")
     except (GatewayError, OSError) as e:
         return f"{step} failed: {e}"
     return {"stop": f"stopped {label(running)}", "start": f"started {label(desired)}",

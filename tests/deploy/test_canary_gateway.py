@@ -9,6 +9,7 @@ Real components: the tiny Llama on a real vLLM (CPU), the gateway as a backgroun
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import threading
@@ -430,10 +431,13 @@ def test_reconcile_starts_and_stops_the_canary_the_registry_names(stack):
     t = threading.Thread(target=load)
     t.start()
     try:
-        (res,) = reconcile(stack.cfg, [("acme", task)], who="dagster").targets
+        # the run's settings give this target its own share; the gateway process's file does not
+        targeted = copy.deepcopy(stack.cfg)
+        targeted.targets = {f"acme/{task}": {"canary": {"share": 0.3}}}
+        (res,) = reconcile(targeted, [("acme", task)], who="dagster").targets
         assert res.outcome == "in_sync" and res.canary == "started v2", res.line()
         (live,) = [c for c in admin(stack, "/admin/canary")[1]["canaries"] if c["task"] == task]
-        assert live["challenger"] == 2 and live["share"] == stack.cfg.canary.share and live["who"] == "dagster"
+        assert live["challenger"] == 2 and live["share"] == 0.3 != stack.cfg.canary.share and live["who"] == "dagster"
         assert reconcile(stack.cfg, [("acme", task)]).targets[0].canary == "v2 in sync"  # idempotent
         promote.end_canary(stack.cfg, "acme", task, second, promote.CANARY_ENDED, "expired")
         assert reconcile(stack.cfg, [("acme", task)]).targets[0].canary == "stopped v2"
