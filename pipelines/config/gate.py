@@ -19,7 +19,7 @@ class SignatureConfig:
     and champion (same items, same seeds). A signature blocks (REJECT) when the candidate's rate
     rises by more than its max increase AND the rise is significant at the gate's alpha. None =
     measured and logged, never blocking. Defaults: the reward hacks seen in production
-    (REFERENCE.md; Cursor's real-time RL): broken tool calls, needless clarifying questions."""
+    (docs/measured.md; Cursor's real-time RL): broken tool calls, needless clarifying questions."""
 
     enabled: bool = True
     tool_error: float | None = 0.05      # broken calls / replies that attempt a call: a model that
@@ -80,7 +80,7 @@ class GateConfig:
                                          #   server busy in the demo's gate)
     max_kl: float | None = 0.5           # KL budget: reject if the learner's last-step KL to the
                                          #   base (adapter meta metrics.kl) exceeds it; None = off.
-                                         #   REFERENCE.md: healthy ~0.08, collapsed ~1.0
+                                         #   docs/measured.md: healthy ~0.08, collapsed ~1.0
     review: bool = False                 # hold passing candidates until a person approves
     approval_tag: str = "tracerl.approved"  # set to "true" on the version in the MLflow UI
     vllm_url: str | None = None          # None = the embedded vLLM (started or reused)

@@ -73,7 +73,7 @@ class PolicyGradientObjective:
     correction: Literal["tis", "cispo", "mis"] = "tis"
     """Importance correction for serving-vs-training mismatch and stale versions (see above)."""
     tis_cap: float = 2.0
-    """C in min(ρ, C). 2.0 = the clip(ρ, 0, 2) measured to move SmolLM2 here (REFERENCE.md)."""
+    """C in min(ρ, C). 2.0 = the clip(ρ, 0, 2) measured to move SmolLM2 here (docs/measured.md)."""
     cispo_eps_low: float = 1.0
     """CISPO lower clip 1−ε_low; 1.0 means no lower bound (MiniMax-M1 sets ε_low large)."""
     cispo_eps_high: float = 1.0
@@ -84,7 +84,7 @@ class PolicyGradientObjective:
     """MIS: tokens with ρ above this are dropped (variance would explode)."""
     kl_coef: float = 0.02
     """Weight of the k3 KL estimator exp(r)−r−1, r = log π_ref − log π_θ, per token. 0.02 kept
-    KL to base ≈ 0.08 over 5 iterations here; without it the policy drifts (REFERENCE.md)."""
+    KL to base ≈ 0.08 over 5 iterations here; without it the policy drifts (docs/measured.md)."""
     group_min_size: int = 2
     """Samples sharing a prompt group id use the group mean as baseline when the group has at
     least this many members (GRPO/RLOO); other samples use the running per-task baseline."""

@@ -4,7 +4,7 @@ Standard library only (urllib), so it runs in any venv and in Dagster resources 
 dependencies. Works against our embedded server or a user's own vLLM started with
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora``.
 
-Endpoints (REFERENCE.md, "vLLM runtime LoRA"):
+Endpoints (docs/measured.md, "vLLM 0.32 runtime LoRA"):
 - ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"}``: 200 with a text
   body on success; 400 if the name is loaded and ``load_inplace`` is false; 404 if the path
   holds no adapter; 500 for an adapter the engine refuses (e.g. rank > --max-lora-rank).

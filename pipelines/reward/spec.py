@@ -8,7 +8,7 @@ specs can never share an id) and resolved per tenant/task from TOML:
 
 Every component is a value on [-1, 1]; the total is sum(weight * component).
 Each default below carries the reason it is set that way. Most of them encode
-a reward hack seen in production (REFERENCE.md, Cursor's real-time RL):
+a reward hack seen in production (docs/measured.md, Cursor's real-time RL):
 broken tool calls that cost nothing, and needless clarifying questions that
 dodge risky edits. See docs/rewards.md.
 
@@ -56,7 +56,7 @@ class Weights:
     tool: float = 1.0         # worst tool outcome of the turn; 1.0 so a broken call costs a thumbs-down
     retries: float = 0.25     # extra attempts cost a little even when the retry worked
     latency: float = 0.0      # off: latency is mostly serving infrastructure, not the policy
-    length: float = 0.0       # off: length penalties collapse replies (REFERENCE: 8-token answers)
+    length: float = 0.0       # off: length penalties collapse replies (docs/measured.md: 8-token answers)
 
 
 @dataclass(frozen=True)

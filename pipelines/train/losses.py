@@ -6,7 +6,7 @@ testable by hand on 2x3 tensors.
 
 Shapes: B sequences, T completion positions. ``mask`` [B, T] is 1 on completion tokens that
 count (not prompt, not padding). Log-probabilities are natural-log, fp32: bf16 logprobs differ
-by up to 0.45 from the serving engine's, which would swamp the importance ratios (REFERENCE.md).
+by up to 0.45 from the serving engine's, which would swamp the importance ratios (docs/measured.md).
 """
 
 from __future__ import annotations

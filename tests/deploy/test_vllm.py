@@ -23,7 +23,7 @@ VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(
     not VLLM_PY.is_file(),
     reason=f"no {VLLM_PY.relative_to(REPO)}: run `make vllm-venv` to test against a live vLLM")
-LOGPROB_TOL = 1e-3  # fp32 on both sides; REFERENCE.md measured 4e-5
+LOGPROB_TOL = 1e-3  # fp32 on both sides; docs/measured.md measured 4e-5
 PROMPTS = ["What is the weather in Oslo?", "Call get_weather for Paris, please.", "Say hello."]
 
 

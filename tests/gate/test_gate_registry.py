@@ -80,7 +80,7 @@ def test_guardrail_regression_rejects_despite_a_primary_gain(tmp_path, mlflow_se
 
 
 def test_kl_budget_rejects_an_over_optimized_candidate(tmp_path, mlflow_server):
-    """REFERENCE.md: at lr 5e-4 the hidden preference is met and answers collapse (KL ~1.0)."""
+    """docs/measured.md: at lr 5e-4 the hidden preference is met and answers collapse (KL ~1.0)."""
     cfg, gate, tenant, task = setup(tmp_path, mlflow_server)
     rv, av = candidate(cfg, tenant, task, kl=1.0)
     backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
