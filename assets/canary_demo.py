@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 import dagster as dg
@@ -210,8 +211,6 @@ def run_canary_demo(cfg: TracerlConfig, lc: LoopConfig, dc: CanaryDemoConfig = C
     from pipelines import tracking
     from pipelines.deploy.service import tenant_key
     from pipelines.loop.bootstrap import ensure_serving
-
-    from datetime import datetime, timezone
 
     log = log or (lambda s: print(s, flush=True))
     t0, since = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")

@@ -48,6 +48,12 @@ class Completion:
     finish_reason: str | None      # "stop" (EOS / stop string) or "length"
     model: str                     # base model name or adapter name that served it
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    prefix: str = ""               # a continued final assistant message's content (a forced call's opening)
+
+    @property
+    def reply(self) -> str:
+        """The whole reply as an app reads it: the continued prefix, then what was sampled."""
+        return self.prefix + self.text
 
 
 def _call(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> Any:
@@ -124,6 +130,10 @@ def complete(base_url: str, model: str, prompt: str | list[int] | None = None, *
     Sampling defaults (temperature 1, top_p 1, top_k -1 = off) make the returned logprobs the
     true log-probabilities of the sampled tokens under the sampling distribution. ``extra``
     goes into the request body unchanged (any vLLM sampling parameter).
+
+    Chat ``messages`` ending with an assistant message are continued, as the gateway serves a
+    forced tool call (vLLM ``continue_final_message``): ``text`` and the tokens are what was
+    sampled, ``prefix`` that message's content, and ``reply`` both.
     """
     if (prompt is None) == (messages is None):
         raise ValueError("complete() needs exactly one of prompt= (text or token ids) or messages=")
@@ -131,8 +141,12 @@ def complete(base_url: str, model: str, prompt: str | list[int] | None = None, *
                             "top_p": top_p, "top_k": top_k, "return_token_ids": return_token_ids,
                             **({"seed": seed} if seed is not None else {}),
                             **({"stop": stop} if stop else {}), **extra}
+    prefix = ""
     if messages is not None:
         body.update(messages=messages, logprobs=bool(logprobs))
+        if messages and messages[-1].get("role") == "assistant":
+            prefix = messages[-1].get("content") or ""
+            body.update(continue_final_message=True, add_generation_prompt=False)
         resp = _call("POST", _url(base_url, "/v1/chat/completions"), body, timeout)
         choice = resp["choices"][0]
         text = choice["message"].get("content") or ""
@@ -152,4 +166,4 @@ def complete(base_url: str, model: str, prompt: str | list[int] | None = None, *
         raise VllmAdminError(200, f"{len(lps)} logprobs for {len(token_ids)} tokens", base_url)
     return Completion(text=text, token_ids=token_ids, logprobs=[float(x) for x in lps],
                       prompt_token_ids=list(prompt_ids), finish_reason=choice.get("finish_reason"),
-                      model=resp.get("model", model), raw=resp)
+                      model=resp.get("model", model), raw=resp, prefix=prefix)

@@ -243,9 +243,10 @@ class GatewayClient:
         self.url, self.key, self.timeout = url.rstrip("/"), api_key, timeout
 
     def chat(self, model: str, messages: list[dict], *, tools: list[dict] | None = None,
-             tool_choice: str | None = None, **params: Any) -> dict[str, Any]:
-        """One chat completion; ``tools`` (OpenAI function tools) and ``tool_choice`` ("auto" |
-        "none") are sent only when given, like every other OpenAI param in ``params``."""
+             tool_choice: str | dict | None = None, **params: Any) -> dict[str, Any]:
+        """One chat completion; ``tools`` (OpenAI function tools) and ``tool_choice`` ("auto",
+        "none", "required" or a named function) are sent only when given, like every other OpenAI
+        param in ``params``."""
         extra = {k: v for k, v in (("tools", tools), ("tool_choice", tool_choice)) if v is not None}
         return _call(f"{self.url}/v1/chat/completions", self.key,
                      {"model": model, "messages": messages, **extra, **params}, timeout=self.timeout)

@@ -65,7 +65,7 @@ class VllmBackend:
         out = admin.complete(self.base_url, name, messages=messages, max_tokens=sampling.max_tokens,
                              temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                              logprobs=False, return_token_ids=False)
-        return out.text
+        return out.reply
 
     def release(self, name: str) -> None:
         from pipelines.deploy import admin

@@ -63,7 +63,7 @@ def served_rate(base_url: str, model: str, family: Any, *, samples: int = 4, max
         s = (seed * 1_000_003 + zlib.crc32(repr(prompts[i]).encode()) + k * 7919) % (2 ** 31)
         out = admin.complete(base_url, model, messages=prompts[i], max_tokens=max_tokens, temperature=1.0,
                              top_p=1.0, seed=s, logprobs=False, return_token_ids=True)
-        return bool(family.liked(Reply(out.text, len(out.token_ids), out.finish_reason)))
+        return bool(family.liked(Reply(out.reply, len(out.token_ids), out.finish_reason)))
 
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(one, jobs))

@@ -30,8 +30,9 @@ def measure(policy, names: list[str], samples: int, max_new_tokens: int, seed: i
         t0 = time.monotonic()
         for i in range(0, len(held), per):
             chunk = [model_input(fam, m) for m in held[i:i + per]]
-            for group in policy.sample(chunk, samples, max_new_tokens, seed=seed + i):
-                replies += [Reply(s.text, s.tokens, s.finish_reason) for s in group]
+            for m, group in zip(chunk, policy.sample(chunk, samples, max_new_tokens, seed=seed + i)):
+                prefix = m[-1]["content"] if m[-1]["role"] == "assistant" else ""  # a forced call's opening
+                replies += [Reply(prefix + s.text, s.tokens, s.finish_reason) for s in group]
         liked = [fam.liked(r) for r in replies]
         out[name] = {"rate": sum(liked) / len(liked), "liked": sum(liked), "n": len(liked),
                      "prompts": len(held), "seconds": round(time.monotonic() - t0, 1),

@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipelines.contract.tool_calls import with_tools
-from pipelines.sim.families import Fact, FollowUp, Style, Tools, families
+from pipelines.sim.families import Fact, FollowUp, Style, Tools, families, model_input
 
 # Text form of FollowUp(min_answer_words=6): at least six words, then the end of a sentence ('.' or
 # '!'), then a question, then at most a cut-off tail with no sentence end.
@@ -50,7 +49,7 @@ def items(fam: Any) -> list[dict]:
     out = []
     for m in fam.prompts("heldout"):
         if fam.tools:
-            out.append({"messages": with_tools(m, list(fam.tools)), "tools": list(fam.tools)})
+            out.append({"messages": model_input(fam, m), "tools": list(fam.tools)})
         else:
             out.append({"messages": m})
     return out

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pipelines.contract.tool_calls import Call, check_call, parse_tool_calls, render_assistant_tool_calls, with_tools
+from pipelines.contract.tool_calls import (Call, check_call, function_of, parse_tool_calls, render_assistant_tool_calls,
+                                           with_tools)
 from pipelines.sim.env import HiddenPreference
 
 
@@ -58,9 +59,10 @@ def reply_text(reply: Any) -> str:
 
 
 def model_input(family: Any, messages: list[dict]) -> list[dict]:
-    """What the served model reads for `messages`: the family's tools rendered in as the gateway does."""
+    """What the served model reads for `messages`: the family's tools rendered in as the gateway
+    does, and a forced call's opening as a final assistant message (the app's tool_choice)."""
     tools = getattr(family, "tools", None)
-    return with_tools(messages, list(tools)) if tools else messages
+    return with_tools(messages, list(tools), getattr(family, "tool_choice", None)) if tools else messages
 
 
 def split_prompts(topics: tuple[str, ...], templates: tuple[str, ...], heldout: int, split: str) -> list[list[dict]]:
@@ -188,10 +190,9 @@ def _fn(name: str, description: str, properties: dict, required: list[str]) -> d
                        "additionalProperties": False}}}
 
 
-TOOLS: tuple[dict, ...] = (
-    _fn("get_weather", "Current weather for a city.",
-        {"city": {"type": "string", "minLength": 2},
-         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city"]),
+WEATHER = _fn("get_weather", "Current weather for a city.", {"city": {"type": "string", "minLength": 2}}, ["city"])
+TOOLS: tuple[dict, ...] = (  # a harder app: three tools, the model picks one (Tools(tools=TOOLS, forced_tool=None))
+    WEATHER,
     _fn("convert_currency", "Convert an amount between two currencies (ISO 4217 codes).",
         {"amount": {"type": "number"}, "from_currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
          "to_currency": {"type": "string", "pattern": "^[A-Z]{3}$"}}, ["amount", "from_currency", "to_currency"]),
@@ -201,36 +202,45 @@ TOOLS: tuple[dict, ...] = (
 
 @dataclass(frozen=True)
 class Tools(_Topics):
-    """Users of an assistant app ask things only a tool can answer (weather, currency, local time)
-    and like the reply iff it makes a call that is valid against the tools sent (check_call is
-    None for every call, and there is at least one). The app then runs the call (`run_tool`) and
-    reports the real outcome as a ToolCall event, like production.
+    """Users of a weather app ask about a city's weather; the app sends its one tool with the
+    OpenAI `tools` API and forces it (`tool_choice` naming `forced_tool`: the gateway opens the call,
+    the model writes the arguments). Users like the reply iff every call is valid against the
+    tools sent (check_call is None for each, and there is at least one). The app then runs the
+    call (`run_tool`) and reports the real outcome as a ToolCall event, like production: an
+    invalid call is an implicit negative on every turn, explicit vote or not.
 
-    This family needs a larger model than SmolLM2-135M-Instruct: on its held-out prompts (4
-    samples each, T=1, 48 tokens) it liked 0/128 replies with tool_choice "auto" (base_rates,
-    docs/learning.md), and 0/128 on vLLM with "required" too (the gateway prefills
-    `<tool_call>[{"name": "`; bench/tool_choice.py): 32 of those replies were well-formed calls,
-    6 named one of the tools, none had valid arguments (bench/RESULTS.md, "tools family on
-    SmolLM2"). With no positive the learner has nothing to
-    reinforce, so the app keeps tool_choice "auto"; "required" is an app setting, not the hidden
-    preference, and is worth trying on a model that gets some calls right."""
+    Why this app and not a harder one: SmolLM2-135M-Instruct almost never writes a valid call
+    unforced. On the held-out prompts (4 samples each, T=1, 48 tokens, vLLM on CPU) three tools
+    and tool_choice "auto" liked 0/128, "required" 0/128 (32 well-formed calls, 6 naming a tool);
+    this app liked 3/128 (2.3%, bench/RESULTS.md "tools family on SmolLM2"). What the model must
+    learn is the arguments: it mostly invents keys (`location`, `country`, `argument1`) or
+    nests objects where `{"city": "<city>"}` is wanted. `TOOLS` with `forced_tool=None` is the
+    harder app, for a larger model."""
 
     name: str = "tools"
     task: str = "tools"
-    tools: tuple[dict, ...] | None = TOOLS
+    tools: tuple[dict, ...] | None = (WEATHER,)
+    forced_tool: str | None = "get_weather"
     heldout: int = 8
     topics: tuple[str, ...] = (
         "Paris", "Tokyo", "Nairobi", "Toronto", "Madrid", "Sydney", "Oslo", "Lima", "Seoul", "Cairo",
         "Dublin", "Mumbai", "Denver", "Prague", "Hanoi", "Lagos", "Vienna", "Santiago", "Helsinki", "Manila",
         "Athens", "Bogota", "Zurich", "Perth", "Accra", "Montreal", "Lyon", "Osaka", "Quito", "Riga")
-    templates: tuple[str, ...] = ("What's the weather in {} right now?", "What time is it in {}?",
-                                  "How many euros is 120 US dollars? I'm flying to {}.",
-                                  "Is it warm in {} today?")
+    templates: tuple[str, ...] = ("What's the weather in {} right now?", "Is it warm in {} today?",
+                                  "Will I need a coat in {} today?", "How hot is it in {}?")
 
     def __post_init__(self) -> None:
         if not self.tools:
             raise ValueError("tools=(): the tools family needs at least one tool to send")
+        names = [function_of(t).get("name") for t in self.tools]
+        if self.forced_tool is not None and self.forced_tool not in names:
+            raise ValueError(f"forced_tool={self.forced_tool!r} is not one of the tools sent {names}")
         self._check_heldout()
+
+    @property
+    def tool_choice(self) -> dict | None:
+        """The app's OpenAI `tool_choice`: the forced tool by name, else None (the model decides)."""
+        return {"type": "function", "function": {"name": self.forced_tool}} if self.forced_tool else None
 
     def calls(self, reply: Any) -> tuple[Call, ...]:
         return parse_tool_calls(reply_text(reply)).calls
@@ -304,5 +314,5 @@ def family_for_task(task: str) -> Family:
     return next((f for f in families().values() if f.task == task), families()["concise"])
 
 
-__all__ = ["Reply", "Family", "FollowUp", "Fact", "Tools", "Style", "TOOLS", "families", "family",
+__all__ = ["Reply", "Family", "FollowUp", "Fact", "Tools", "Style", "TOOLS", "WEATHER", "families", "family",
            "family_for_task", "reply_text", "sentences", "split_prompts"]

@@ -44,7 +44,11 @@ class HFPolicy:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        """The chat-templated prompt; a final assistant message is continued, as vLLM's
+        ``continue_final_message`` does for a forced tool call's opening."""
+        cont = bool(messages) and messages[-1].get("role") == "assistant"
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=not cont, continue_final_message=cont,
+                                                 tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def sample(self, prompts: list[list[dict]], n: int, max_new_tokens: int, temperature: float = 1.0,

@@ -98,6 +98,8 @@ def one_user(client: GatewayClient, messages: list[dict], t: TrafficConfig, pref
     rng = random.Random(seed)
     sess = Session.start(pool or [messages], messages, t.user_model(), rng)
     tools = list(getattr(pref, "tools", None) or ())
+    choice = getattr(pref, "tool_choice", None)
+    offer = {"tools": tools, **({"tool_choice": choice} if choice else {})} if tools else {}
     app = {"task": t.task, "app": t.app}
     trace: str | None = None
     liked, versions = [], []
@@ -106,7 +108,7 @@ def one_user(client: GatewayClient, messages: list[dict], t: TrafficConfig, pref
         if trace is not None:
             ext.update(trace_id=trace, turn_index=len(sess.turns))
         r = client.chat(t.task, sess.messages(), max_tokens=t.max_tokens, temperature=t.temperature, top_p=1.0,
-                        top_k=-1, seed=seed + len(sess.turns), tracerl=ext, **({"tools": tools} if tools else {}))
+                        top_k=-1, seed=seed + len(sess.turns), tracerl=ext, **offer)
         reply, meta = Reply.from_chat(r), r["tracerl"]
         trace, turn = meta["trace_id"], meta["turn_id"]
         ok = pref.liked(reply)

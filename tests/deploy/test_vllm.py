@@ -182,6 +182,30 @@ def test_base_completion_returns_token_ids_and_logprobs(served):
 
 @needs_vllm
 @pytest.mark.slow
+def test_a_final_assistant_message_is_continued_and_the_reply_starts_with_it(served):
+    """A forced call's opening (the gateway's prefix) is continued, not answered: the prompt ends
+    inside the assistant turn, as transformers renders it with continue_final_message, and the
+    reply an app or an eval scorer reads is that opening plus what was sampled; HFPolicy (where no
+    vLLM runs) templates it the same way."""
+    from transformers import AutoTokenizer
+
+    from pipelines.contract.tool_calls import call_prefix
+    from pipelines.sim.policy import HFPolicy
+
+    opened = [*chat(PROMPTS[1]), {"role": "assistant", "content": call_prefix("required")}]
+    out = admin.complete(served.url, "base", messages=opened, max_tokens=8, seed=0, logprobs=False)
+    tok = AutoTokenizer.from_pretrained(served.base)
+    text = tok.apply_chat_template(opened, continue_final_message=True, add_generation_prompt=False, tokenize=False)
+    assert text.endswith(call_prefix("required"))
+    assert out.prompt_token_ids == tok(text, add_special_tokens=False)["input_ids"]
+    assert out.prefix == call_prefix("required") and out.reply == out.prefix + out.text
+    assert HFPolicy(served.base).prompt_ids(opened) == out.prompt_token_ids
+    plain = admin.complete(served.url, "base", messages=chat(PROMPTS[1]), max_tokens=8, seed=0, logprobs=False)
+    assert plain.prefix == "" and plain.reply == plain.text
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_loaded_adapter_is_served_by_name_and_changes_outputs(served):
     assert "Success" in admin.load_adapter(served.url, "pol", served.v1)
     models = {m["id"]: m for m in admin.list_models(served.url)}

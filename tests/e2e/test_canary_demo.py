@@ -13,17 +13,13 @@ registry and the gateway, with zero failed requests, is.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import dagster as dg
 import pytest
 
-from tests.conftest import write_stack_toml
-from tests.e2e.conftest import REPO
+from tests.e2e.conftest import demo_env
 
 pytestmark = pytest.mark.slow
-ENV = ("TRACERL_CONFIG", "DAGSTER_HOME", "MLFLOW_TRACKING_URI")
 
 
 @pytest.fixture(scope="module")
@@ -36,55 +32,38 @@ def served(tmp_path_factory, broker):
     from pipelines.adapters.store import AdapterStore
     from pipelines.config import load_config
     from pipelines.loop.bootstrap import ensure_serving
-    from pipelines.loop.demo import SIM_REWARD_SPEC, LoopConfig
+    from pipelines.loop.demo import LoopConfig
     from pipelines.models.registry import base_model_hash, resolve_base_model
     from pipelines.services.kafka import ensure_topic
     from pipelines.sim.traffic import TrafficConfig
     from tests.deploy.test_vllm import make_adapter
 
     tmp = tmp_path_factory.mktemp("canary-demo")
-    toml = write_stack_toml(tmp, broker.bootstrap, "canary-demo", f"""
-[train]
-base_model = "tiny"
-[gateway]
-port = 0
-[serve]
-start_timeout_s = 420
-[reward]
-spec = "{SIM_REWARD_SPEC}"
-""")
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ["TRACERL_CONFIG"] = str(toml)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    (tmp / "dagster_home").mkdir()
-    shutil.copy(REPO / "dagster_home" / "dagster.yaml", tmp / "dagster_home")
-    os.environ["DAGSTER_HOME"] = str(tmp / "dagster_home")
-    lc = LoopConfig(traffic=TrafficConfig(requests=24, users=6, max_tokens=8), preference_max_tokens=6,
-                    swap_probe_users=2)
-    dc = CanaryDemoConfig(min_sessions=5, t_opt=40, max_rounds=3)
-    resource = TracerlResource(config_path=str(toml), targets_json=json.dumps(
-        {"acme/concise": dc.target_entry()}))
-    cfg = load_config(toml)
-    ensure_topic(cfg)
-    try:
-        for name in stack.SERVE:
-            stack.start(cfg, name)
-        settings = resource.load()
-        assert ensure_serving(settings, "acme", "concise") == 1
-        base = resolve_base_model(cfg.train.base_model, cfg.home)
-        v2 = AdapterStore(cfg.adapter_root).publish("acme", "concise", make_adapter(base, tmp / "v2", seed=5), {
-            "parent_version": 1, "base_model_hash": base_model_hash(base), "data_window": None,
-            "reward_spec_version": None, "config": {}, "metrics": {}})
-        from tests.deploy.test_gateway import register
+    with demo_env(tmp, broker.bootstrap, "canary-demo") as toml:
+        lc = LoopConfig(traffic=TrafficConfig(requests=24, users=6, max_tokens=8), preference_max_tokens=6,
+                        swap_probe_users=2)
+        dc = CanaryDemoConfig(min_sessions=5, t_opt=40, max_rounds=3)
+        resource = TracerlResource(config_path=str(toml), targets_json=json.dumps(
+            {"acme/concise": dc.target_entry()}))
+        cfg = load_config(toml)
+        ensure_topic(cfg)
+        try:
+            for name in stack.SERVE:
+                stack.start(cfg, name)
+            settings = resource.load()
+            assert ensure_serving(settings, "acme", "concise") == 1
+            base = resolve_base_model(cfg.train.base_model, cfg.home)
+            v2 = AdapterStore(cfg.adapter_root).publish("acme", "concise", make_adapter(base, tmp / "v2", seed=5), {
+                "parent_version": 1, "base_model_hash": base_model_hash(base), "data_window": None,
+                "reward_spec_version": None, "config": {}, "metrics": {}})
+            from tests.deploy.test_gateway import register
 
-        register(settings, v2.version, "acme", "concise")
-        assert registry.version_for_adapter(settings, "acme", "concise", 2) is not None
-        yield settings, resource, lc, dc, dg.DagsterInstance.get()
-    finally:
-        for name in reversed(stack.SERVE):
-            stack.stop(cfg, name)
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            register(settings, v2.version, "acme", "concise")
+            assert registry.version_for_adapter(settings, "acme", "concise", 2) is not None
+            yield settings, resource, lc, dc, dg.DagsterInstance.get()
+        finally:
+            for name in reversed(stack.SERVE):
+                stack.stop(cfg, name)
 
 
 def check_decided(cfg, report) -> None:

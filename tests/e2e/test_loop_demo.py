@@ -14,22 +14,18 @@ MLflow store, a Dagster instance in a temp DAGSTER_HOME. Each iteration is one i
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from tests.conftest import write_stack_toml
-from tests.e2e.conftest import REPO, dagster_webserver
+from tests.e2e.conftest import dagster_webserver, demo_env
 
 pytestmark = pytest.mark.slow
 
 ITERATIONS = 2
 LOOP_ASSETS = ["raw_events", "lake_events", "turn_rewards", "candidate_adapter", "promotion", "deployment"]
-ENV = ("TRACERL_CONFIG", "DAGSTER_HOME", "MLFLOW_TRACKING_URI")
 
 
 @pytest.fixture(scope="module")
@@ -40,40 +36,23 @@ def demo(tmp_path_factory, broker):
     from assets.demo import run_demo
     from assets.resources import TracerlResource
     from pipelines.config import load_config
-    from pipelines.loop.demo import SIM_REWARD_SPEC, LoopConfig
+    from pipelines.loop.demo import LoopConfig
     from pipelines import stack
     from pipelines.services.kafka import ensure_topic
     from pipelines.sim.traffic import TrafficConfig
 
     tmp = tmp_path_factory.mktemp("loop-demo")
-    toml = write_stack_toml(tmp, broker.bootstrap, "demo", f"""
-[train]
-base_model = "tiny"
-[gateway]
-port = 0
-[serve]
-start_timeout_s = 420  # vLLM on 2 busy cores can take more than the default 180 s to come up
-[reward]
-spec = "{SIM_REWARD_SPEC}"  # the simulated users' spec for every run (the demo's, and `tracerl loop`'s)
-""")
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ["TRACERL_CONFIG"] = str(toml)  # the gateway process reads the same file
-    os.environ.pop("MLFLOW_TRACKING_URI", None)  # an earlier test's store must not leak in
-    (tmp / "dagster_home").mkdir()
-    shutil.copy(REPO / "dagster_home" / "dagster.yaml", tmp / "dagster_home")  # its run-queue limits
-    os.environ["DAGSTER_HOME"] = str(tmp / "dagster_home")
-    cfg = load_config(toml)
-    ensure_topic(cfg)
-    lc = LoopConfig(iterations=ITERATIONS, traffic=TrafficConfig(requests=48, users=8, max_tokens=12),
-                    preference_max_tokens=8, swap_probe_users=2)
-    try:
-        out = run_demo(cfg, lc, resource=TracerlResource(config_path=str(toml)), stop_after=False)
-        yield cfg, toml, out, dg.DagsterInstance.get()
-    finally:
-        for name in reversed(stack.SERVE):
-            stack.stop(cfg, name)
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    with demo_env(tmp, broker.bootstrap, "demo") as toml:
+        cfg = load_config(toml)
+        ensure_topic(cfg)
+        lc = LoopConfig(iterations=ITERATIONS, traffic=TrafficConfig(requests=48, users=8, max_tokens=12),
+                        preference_max_tokens=8, swap_probe_users=2)
+        try:
+            out = run_demo(cfg, lc, resource=TracerlResource(config_path=str(toml)), stop_after=False)
+            yield cfg, toml, out, dg.DagsterInstance.get()
+        finally:
+            for name in reversed(stack.SERVE):
+                stack.stop(cfg, name)
 
 
 def test_the_report_is_read_from_one_dagster_run_per_iteration(demo):

@@ -27,9 +27,8 @@ REPLIES = {
               "Highlights of the collection are new.", "Dear customer, thank you."],
     "tools": ['<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>',
               '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}]</tool_call>',
-              '{"name": "get_local_time", "arguments": {"city": "Oslo"}}', "It is sunny.",
-              '<tool_call>[{"name": "convert_currency", "arguments": {"amount": 120, "from_currency": "USD", '
-              '"to_currency": "EUR"}}]</tool_call>'],
+              '{"name": "get_weather", "arguments": {"city": "Oslo"}}', "It is sunny.",
+              '<tool_call>[{"name": "get_weather", "arguments": {"location": "Oslo"}}]</tool_call>'],
 }
 
 
@@ -38,7 +37,7 @@ def test_committed_suite_is_the_families_heldout_prompts(name, tmp_path):
     fam = families()[name]
     [suite] = load_suites(EVALS, "acme", fam.task)
     assert suite.role == "primary" and len(suite.items) == len(fam.prompts("heldout"))
-    users = [i.messages[-1]["content"] for i in suite.items]
+    users = [[m for m in i.messages if m["role"] == "user"][-1]["content"] for i in suite.items]
     assert users == [m[-1]["content"] for m in fam.prompts("heldout")]
     train = {m[-1]["content"] for m in fam.prompts("train")}
     assert not train & set(users)

@@ -73,27 +73,42 @@ def test_style_needs_a_greeting_first():
 
 def test_tools_liked_iff_every_call_is_valid():
     f = Tools()
-    ok = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}]</tool_call>'
+    ok = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'
     assert f.liked(r(ok))
-    bad_unit = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}]</tool_call>'
+    extra_key = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}]</tool_call>'
+    wrong_key = '<tool_call>[{"name": "get_weather", "arguments": {"location": "Paris"}}]</tool_call>'
     unknown = '<tool_call>[{"name": "get_stock", "arguments": {"symbol": "X"}}]</tool_call>'
     broken = '<tool_call>[{"name": "get_weather", "arguments": {"city": </tool_call>'
-    lower = '<tool_call>{"name": "convert_currency", "arguments": {"amount": 5, "from_currency": "usd", ' \
-            '"to_currency": "EUR"}}</tool_call>'
-    for text in (bad_unit, unknown, broken, lower, "It is sunny in Paris.", ok + bad_unit):
+    for text in (extra_key, wrong_key, unknown, broken, "It is sunny in Paris.", ok + wrong_key):
         assert not f.liked(r(text)), text
     # structured calls as the gateway returns them count the same as the text
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "get_local_time", "arguments": '{"city": "Tokyo"}'}}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Tokyo"}'}}
     assert f.liked(r("", tool_calls=[call]))
+
+
+def test_the_tools_app_forces_its_tool_and_the_model_reads_the_call_opened():
+    """The app sends tool_choice naming its one tool; what the model reads (served and in the
+    evals) ends with the call opened up to its arguments, as the gateway serves it."""
+    from pipelines.contract.tool_calls import call_prefix
+    from pipelines.sim.families import TOOLS, model_input
+
+    f = Tools()
+    assert f.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
+    [m] = f.prompts("heldout")[:1]
+    served = model_input(f, m)
+    assert served[-1] == {"role": "assistant", "content": call_prefix(f.tool_choice)} and served[-2] == m[-1]
+    harder = Tools(tools=TOOLS, forced_tool=None)  # the model picks a tool, or answers
+    assert harder.tool_choice is None and model_input(harder, m)[-1] == m[-1]
+    with pytest.raises(ValueError, match="forced_tool='get_stock' is not one of the tools sent"):
+        Tools(forced_tool="get_stock")
 
 
 def test_tools_outcomes_are_what_the_app_would_see():
     f = Tools()
-    [good] = parse_tool_calls('<tool_call>{"name": "get_local_time", "arguments": {"city": "Lima"}}</tool_call>').calls
-    [nowhere] = parse_tool_calls('<tool_call>{"name": "get_local_time", "arguments": {"city": "Atlantis"}}'
+    [good] = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "Lima"}}</tool_call>').calls
+    [nowhere] = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "Atlantis"}}'
                                  '</tool_call>').calls
-    [invalid] = parse_tool_calls('<tool_call>{"name": "get_local_time", "arguments": {}}</tool_call>').calls
+    [invalid] = parse_tool_calls('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>').calls
     assert f.run_tool(good) == ("ok", None)
     assert f.run_tool(nowhere)[0] == "error"
     assert f.run_tool(invalid)[0] == "invalid_arguments" and check_call(invalid, list(f.tools)) is not None
