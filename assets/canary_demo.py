@@ -52,6 +52,7 @@ class CanaryDemoConfig:
     min_sessions: int = 20
     t_opt: int = 200
     max_rounds: int = 12          # canary rounds before the demo stops waiting (the canary goes on)
+    bad_scale: float = 1.0        # the share of the good update the bad candidate reverses (< 1: a little worse)
 
     def target_entry(self) -> dict[str, Any]:
         return {"canary": {"enabled": True, "share": self.share, "min_sessions": self.min_sessions,
@@ -157,8 +158,9 @@ def bad_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, dc
     from pipelines.loop.backwards import publish_backwards
 
     settings = resource.load()
-    bad = publish_backwards(settings, lc.tenant, lc.task, reverse)
-    log(f"[bad] v{bad}: adapter v{reverse}'s update applied backwards; the offline gate first (`tracerl gate`)")
+    bad = publish_backwards(settings, lc.tenant, lc.task, reverse, scale=dc.bad_scale)
+    log(f"[bad] v{bad}: adapter v{reverse}'s update applied backwards (scale {dc.bad_scale:g}); the offline gate "
+        "first (`tracerl gate`)")
     summary = gate_version(settings, lc.tenant, lc.task, bad, who="demo")
     log(f"[bad] gate: {summary['outcome']}{' (entered the canary)' if summary.get('canary') else ''}: "
         f"{'; '.join(summary.get('reasons') or [])[:400]}")
@@ -252,6 +254,8 @@ def run_canary_demo(cfg: TracerlConfig, lc: LoopConfig, dc: CanaryDemoConfig = C
                 stack.stop(cfg, name)
 
 
-def main(cfg: TracerlConfig, iterations: int = 3, fresh: bool = False, keep: bool = False) -> int:
-    reports = run_canary_demo(cfg, LoopConfig(iterations=iterations), fresh=fresh, stop_after=not keep)
+def main(cfg: TracerlConfig, iterations: int = 3, fresh: bool = False, keep: bool = False,
+         bad_scale: float = 1.0) -> int:
+    reports = run_canary_demo(cfg, LoopConfig(iterations=iterations), CanaryDemoConfig(bad_scale=bad_scale),
+                              fresh=fresh, stop_after=not keep)
     return 0 if all(r.failed == 0 for r in reports) else 1

@@ -308,10 +308,11 @@ def cmd_schema(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     if args.canary:
         from assets.canary_demo import main
-    else:
-        from assets.demo import main  # drives the Dagster job, so it lives beside the assets
 
-    return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
+        return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep, bad_scale=args.bad_scale)
+    from assets.demo import main as loop_demo  # drives the Dagster job, so it lives beside the assets
+
+    return loop_demo(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
 
 
 def cmd_gate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
@@ -515,6 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the canary's demo instead: a good candidate promoted through a canary, a deliberately "
                         "bad one (an update applied backwards) rolled back by it; --iterations bounds the loop "
                         "iterations spent finding the good one")
+    s.add_argument("--bad-scale", type=float, default=1.0,
+                   help="with --canary: how much of the good candidate's update the bad one reverses (1 = all of "
+                        "it; less makes a candidate only a little worse, closer to passing the offline gate)")
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("loop", help="one iteration of the closed-loop Dagster job for one tenant/task, "
                                     "in this process (DAGSTER_HOME); prints the candidate, the gate's decision "

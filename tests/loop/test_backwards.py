@@ -32,18 +32,19 @@ def merged_delta(base, adapter) -> dict:
     return {k: merged[k] - plain[k] for k in plain if not torch.equal(merged[k], plain[k])}
 
 
-def test_the_backwards_adapter_serves_the_update_reversed(tiny, tmp_path):
+@pytest.mark.parametrize("scale", [1.0, 0.4])
+def test_the_backwards_adapter_serves_the_update_reversed(tiny, tmp_path, scale):
     import torch
 
     from pipelines.loop.backwards import reverse_update
 
     base, good = tiny
-    n = reverse_update(good, tmp_path / "bad")
+    n = reverse_update(good, tmp_path / "bad", scale)
     assert n == 4 * 2  # q, k, v, o in each of the tiny model's layers
     up, down = merged_delta(base, good), merged_delta(base, tmp_path / "bad")
     assert up and set(up) == set(down)
     for k in up:
-        assert torch.allclose(down[k], -up[k], atol=1e-6), k
+        assert torch.allclose(down[k], -scale * up[k], atol=1e-6), k
     assert json.loads((tmp_path / "bad" / "adapter_config.json").read_text()) == \
         json.loads((good / "adapter_config.json").read_text())
 
@@ -59,6 +60,8 @@ def test_a_folder_without_lora_b_is_refused(tiny, tmp_path):
     save_file({"w": torch.ones(2)}, str(src / "adapter_model.safetensors"))
     with pytest.raises(ValueError, match="no lora_B tensors"):
         reverse_update(src, tmp_path / "out")
+    with pytest.raises(ValueError, match="scale=0: must be > 0"):
+        reverse_update(src, tmp_path / "out0", 0)
 
 
 def test_published_with_its_lineage_and_registered_as_deliberately_bad(tiny, tmp_path, monkeypatch):
@@ -73,8 +76,9 @@ def test_published_with_its_lineage_and_registered_as_deliberately_bad(tiny, tmp
     store = AdapterStore(cfg.adapter_root)
     store.publish("acme", "concise", good, {"parent_version": None, "base_model_hash": "h", "data_window": None,
                                             "reward_spec_version": "s1", "config": {"lr": 1}, "metrics": {"kl": 0.1}})
-    assert publish_backwards(cfg, "acme", "concise", 1) == 2
+    assert publish_backwards(cfg, "acme", "concise", 1, scale=0.5) == 2
     bad = store.get("acme", "concise", 2)
+    assert bad.meta["config"]["reversed_scale"] == 0.5 and "at 0.5 of its size" in bad.meta["config"]["deliberately_bad"]
     assert bad.meta["parent_version"] == 1 and bad.meta["base_model_hash"] == "h"
     assert "applied backwards" in bad.meta["config"]["deliberately_bad"] and bad.meta["metrics"] == {}
     assert [v.version for v in store.lineage("acme", "concise", 2)] == [2, 1]
