@@ -22,14 +22,13 @@ Target for every family: after the last iteration, served rate >= base + 0.15 an
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.loop import bench_home  # noqa: E402
+from bench.loop import bench_home, drop_home  # noqa: E402
 
 ITERATIONS = int(os.environ.get("TRACERL_LEARN_ITERATIONS", "5"))
 FAMILIES = [f for f in os.environ.get("TRACERL_LEARN_FAMILIES", "").split(",") if f]
@@ -92,7 +91,7 @@ def main() -> None:
     finally:
         for name in reversed(stack.SERVE):
             stack.stop(cfg, name)
-        shutil.rmtree(home, ignore_errors=True)
+        drop_home(home)
 
     print("\nfamily     iteration  served rate (± SE, clustered by prompt)  gate            seconds")
     gains = {}

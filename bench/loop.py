@@ -47,6 +47,15 @@ def bench_home(prefix: str, kafka_port: int) -> tuple[Path, Path]:
     return home, toml
 
 
+def drop_home(home: Path) -> None:
+    """Remove a bench's home, unless the bench is failing: then its logs (vLLM, gateway, Kafka)
+    are what tell why, so it is kept and named."""
+    if sys.exc_info()[0] is not None:
+        print(f"[bench] failed: kept {home} (logs in {home / 'logs'})", file=sys.stderr, flush=True)
+        return
+    shutil.rmtree(home, ignore_errors=True)
+
+
 def main() -> None:
     from assets.demo import run_demo
     from assets.resources import TracerlResource
@@ -57,7 +66,7 @@ def main() -> None:
         out = run_demo(load_config(toml), LoopConfig(iterations=3), resource=TracerlResource(config_path=str(toml)),
                        fresh=False, stop_after=True)
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        drop_home(home)
     reports = out["reports"]
     print(f"\nsetup (services + first champion): {out['setup_s']:.0f}s")
     # outside: freshness minus the stages' own seconds, i.e. what the driver (Dagster run start,

@@ -7,12 +7,17 @@ directly by the library; `tracerl start mlflow` serves the same store in the UI.
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 from pipelines.config import TracerlConfig
 
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
+# MLflow 3's UI opens an experiment by its kind: without this tag it infers one and shows the GenAI
+# overview ("Traces 0") first. tracerl's runs are model training (learner, gate, canary), so the
+# experiment opens on its runs table; production turns live in the lake, not as MLflow traces.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 def use_store(uri: str) -> None:
@@ -45,23 +50,35 @@ def experiment_id(cfg: TracerlConfig, name: str | None = None) -> str:
     name = name or cfg.mlflow.experiment
     exp = c.get_experiment_by_name(name)
     if exp:
+        if EXPERIMENT_KIND[0] not in exp.tags:  # an experiment made before the tag was set
+            c.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
         return exp.experiment_id
     location = None
     if cfg.mlflow.tracking_uri is None:
         cfg.artifact_root.mkdir(parents=True, exist_ok=True)
         location = (cfg.artifact_root / name).as_uri()
-    return c.create_experiment(name, artifact_location=location)
+    return c.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
 
 
 @contextmanager
 def run(cfg: TracerlConfig, name: str, tags: dict[str, str], params: dict[str, Any],
-        experiment: str | None = None) -> Iterator[Any]:
-    """An MLflow run with its resolved config as params (flattened, dotted keys)."""
+        experiment: str | None = None, started: float | None = None) -> Iterator[Any]:
+    """An MLflow run with its resolved config as params (flattened, dotted keys).
+
+    ``started`` (``time.time()`` when the work began) backdates the run's start, so a run opened
+    only once there is something to log (after a learner step, a gate's sampling) still shows how
+    long the work took; it ends when the block does."""
     import mlflow
 
-    client(cfg)
+    c = client(cfg)
     tags = {k: str(v) for k, v in tags.items()}  # a REST store (an MLflow server) takes strings only
-    with mlflow.start_run(experiment_id=experiment_id(cfg, experiment), run_name=name, tags=tags) as r:
+    exp = experiment_id(cfg, experiment)
+    run_id = None
+    if started is not None:
+        run_id = c.create_run(exp, start_time=int(min(started, time.time()) * 1000), tags=tags,
+                              run_name=name).info.run_id
+    with mlflow.start_run(run_id=run_id, experiment_id=exp, run_name=None if run_id else name,
+                          tags=None if run_id else tags) as r:
         flat = flatten(params)
         for i in range(0, len(flat), 100):  # MLflow caps a batch at 100 params
             mlflow.log_params(dict(list(flat.items())[i:i + 100]))

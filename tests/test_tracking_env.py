@@ -26,3 +26,29 @@ def test_an_exported_store_stays_the_override_it_was(tmp_path, monkeypatch):
     monkeypatch.setenv(tracking.TRACKING_ENV, f"sqlite:///{tmp_path / 'env'}.db")
     tracking.use_store(f"sqlite:///{tmp_path / 'other'}.db")
     assert os.environ[tracking.TRACKING_ENV] == f"sqlite:///{tmp_path / 'env'}.db"
+
+
+def test_a_run_opened_after_the_work_is_dated_from_when_the_work_began(tmp_path, monkeypatch):
+    """A learner or gate run opens only once there is something to log; ``started`` dates it from
+    the work's start, so the UI's duration is the work's, and its name, tags and params are kept."""
+    import time
+
+    from pipelines.config import TracerlConfig
+
+    monkeypatch.delenv(tracking.TRACKING_ENV, raising=False)
+    cfg = TracerlConfig(home=tmp_path / "home")
+    began = time.time() - 40.0  # the work took 40 s before the run was opened
+    with tracking.run(cfg, "learner acme/concise v4", tags={"tenant": "acme"}, params={"train": {"lr": 1}},
+                      started=began) as r:
+        pass
+    run = tracking.client(cfg).get_run(r.info.run_id)
+    assert run.info.start_time == int(began * 1000) and run.info.end_time - run.info.start_time >= 40_000
+    assert run.info.run_name == "learner acme/concise v4" and run.info.status == "FINISHED"
+    assert run.data.tags["tenant"] == "acme" and run.data.params == {"train.lr": "1"}
+    with tracking.run(cfg, "plain", tags={}, params={}) as r2:
+        pass
+    plain = tracking.client(cfg).get_run(r2.info.run_id)
+    assert plain.info.end_time - plain.info.start_time < 40_000 and plain.info.run_name == "plain"
+    # the experiment opens on its runs in MLflow 3's UI, not on the GenAI traces overview
+    exp = tracking.client(cfg).get_experiment(run.info.experiment_id)
+    assert exp.tags[tracking.EXPERIMENT_KIND[0]] == "custom_model_development"

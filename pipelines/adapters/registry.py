@@ -56,6 +56,40 @@ def set_alias(cfg: TracerlConfig, tenant: str, task: str, alias: str, registry_v
     client(cfg).set_registered_model_alias(model_name(tenant, task), alias, registry_version)
 
 
+def describe(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, heading: str, body: str) -> str:
+    """Write ``body`` as the ``## heading`` section of the model version's description (Markdown,
+    what the registry's version page shows first): a section of that heading is replaced, others
+    (the learner's, the gate's, the canary's) are kept in order. Returns the new description."""
+    c, name = client(cfg), model_name(tenant, task)
+    old = c.get_model_version(name, str(registry_version)).description or ""
+    sections, current = [], None
+    for line in old.splitlines():
+        if line.startswith("## "):
+            current = [line]
+            sections.append(current)
+        elif current is not None:
+            current.append(line)
+        elif line.strip():
+            sections.append(current := [line])
+    head = f"## {heading}"
+    mine = [head, "", body.strip(), ""]
+    kept = [sec for sec in sections if sec[0] != head]
+    at = next((i for i, sec in enumerate(sections) if sec[0] == head), None)
+    if at is None:
+        kept.append(mine)
+    else:
+        kept.insert(sum(1 for sec in sections[:at] if sec[0] != head), mine)
+    text = "\n".join("\n".join(sec).rstrip() + "\n" for sec in kept).strip() + "\n"
+    c.update_model_version(name, str(registry_version), description=text[:20000])
+    return text
+
+
+def run_link(cfg: TracerlConfig, run_id: str, label: str) -> str:
+    """A Markdown link to a run, relative to the MLflow UI the registry page is served from."""
+    r = client(cfg).get_run(run_id)
+    return f"[{label}](#/experiments/{r.info.experiment_id}/runs/{run_id})"
+
+
 def version_for_adapter(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int) -> Any | None:
     """The registry model version registered for adapter-store version ``adapter_version`` (its
     ``adapter_version`` tag), or None (not registered, or no registered model yet)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from pipelines.adapters import promote as reg
-from pipelines.adapters.registry import CHAMPION, model_name
+from pipelines.adapters.registry import CHAMPION, describe, model_name, run_link
 from pipelines.adapters.version import label, tag_version
 from pipelines.config import GateConfig, TracerlConfig, gate_config
 from pipelines.evals.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
@@ -87,7 +87,7 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     from pipelines.tracking import client
     from pipelines.adapters.store import AdapterStore
 
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] gate settings
     gate = gate or gate_config(cfg)
     c, name = client(cfg), model_name(tenant, task)
@@ -111,7 +111,7 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         result.contamination = hits
         result.decision = Decision(REJECT, [f"contamination: {len(hits)} eval item(s) found in the training data "
                                             f"of this version's lineage (hashes {', '.join(h[:12] for h in hits[:10])})"])
-        _record(cfg, gate, result, suites, {})
+        _record(cfg, gate, result, suites, {}, started)
         reg.mark_rejected(cfg, tenant, task, str(registry_version))
         raise ContaminationError(f"{name} v{registry_version}: " + result.decision.reasons[0])
 
@@ -149,7 +149,7 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     if result.decision.outcome == PROMOTE and cfg.canary.enabled:
         _offpolicy(cfg, result, store.get(tenant, task, cand_av).path,
                    tag_version(champ) if champ is not None else None)
-    _record(cfg, gate, result, suites, scores)
+    _record(cfg, gate, result, suites, scores, started)
 
     # -- move aliases -------------------------------------------------------------------------
     if result.decision.outcome == PROMOTE and cfg.canary.enabled:  # live evidence first (docs/canary.md)
@@ -236,8 +236,10 @@ def _evaluate(backend: Backend, cand: str, champ: str, suite: Suite, gate: GateC
     return verdict, ([sum(x) / k for x in sums[0]], [sum(x) / k for x in sums[1]])
 
 
-def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: list, scores: dict) -> None:
-    """One MLflow run + version tags: aggregates and item hashes only."""
+def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: list, scores: dict,
+            started: float) -> None:
+    """One MLflow run (started when the gate did) + version tags and the version's "Gate" section:
+    aggregates and item hashes only."""
     import mlflow
     import numpy as np
 
@@ -247,8 +249,9 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
     d = result.decision
     tags = {"tenant": result.tenant, "task": result.task, "tracerl.stage": "gate",
             "registry_version": result.registry_version, "baseline": result.baseline, "decision": d.outcome}
-    with tracking.run(cfg, f"gate {result.tenant}/{result.task} v{result.registry_version}", tags=tags,
-                      params={"gate": gate.to_dict()}) as run:
+    vs = f"v{result.baseline}" if result.baseline != "base" else "base"
+    with tracking.run(cfg, f"gate {result.tenant}/{result.task} v{result.registry_version} vs {vs}", tags=tags,
+                      params={"gate": gate.to_dict()}, started=started) as run:
         result.run_id = run.info.run_id
         vtags: dict[str, Any] = {reg.DECISION: d.outcome, "tracerl.gate.reasons": " | ".join(d.reasons),
                                  "tracerl.gate.run_id": run.info.run_id, "tracerl.gate.baseline": result.baseline}
@@ -298,8 +301,29 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
                                           for it, a, b in zip(by_name[name].items, sc[0], sc[1])]}
                          for name, sc in scores.items()}, "gate/item_scores.json")
         reg.set_tags(cfg, result.tenant, result.task, result.registry_version, vtags)
+        describe(cfg, result.tenant, result.task, result.registry_version, "Gate", _gate_section(
+            cfg, result, run.info.run_id, f"gate v{result.registry_version} vs {vs}"))
         if d.verdicts:
             log_history_plot(cfg, result.tenant, result.task)
+
+
+def _gate_section(cfg: TracerlConfig, result: GateResult, run_id: str, link_text: str) -> str:
+    """The decision, its reasons and the per-suite numbers, for the model version's page."""
+    d = result.decision
+    vs = f"champion v{result.baseline}" if result.baseline != "base" else "the base model"
+    lines = [f"**{d.outcome}** against {vs}, by {run_link(cfg, run_id, link_text)} "
+             f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC).", "", "Reasons:", ""]
+    lines += [f"- {r}" for r in d.reasons] or ["- (none recorded)"]
+    if d.verdicts:
+        lines += ["", "| suite | role | candidate | champion | delta | passed |", "|---|---|---|---|---|---|"]
+        lines += [f"| {v.suite} | {v.role} | {v.stats.candidate_mean:.3f} | {v.stats.champion_mean:.3f} | "
+                  f"{v.stats.delta:+.3f} | {'yes' if v.passed else 'no'} |" for v in d.verdicts]
+    blocked = [sg.name for sg in d.signatures if sg.blocked]
+    if blocked:
+        lines += ["", f"Blocked by behaviour signatures: {', '.join(blocked)}."]
+    if d.warnings:
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in d.warnings]
+    return "\n".join(lines)
 
 
 def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backend: Backend | None = None,

@@ -13,8 +13,10 @@ marks a turn excluded as an eval prompt: never trained, never replayed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     parent_n = bp.parent_version
     base = resolve_base_model(cfg.train.base_model, cfg.home)
     spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in batch])
+    started = time.time()
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, bp.parent.path if bp.parent else None, batch, cfg.train, Path(tmp) / "adapter",
                           seed=cfg.train.seed, current_version=parent_n or 0,
@@ -139,7 +142,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
         metrics = {**(step.steps[-1] if step.steps else {}),
                    **{k: v for k, v in replay.items() if k.startswith("replay.")}}
         with tracking.run(cfg, f"learner {tenant}/{task}", tags={**tags, "tracerl.stage": "learner"},
-                          params={"train": cfg.train.to_dict(), "learner": lc.__dict__}) as run:
+                          params={"train": cfg.train.to_dict(), "learner": lc.__dict__}, started=started) as run:
+            _log_window(cfg, tenant, task, window, spec_versions)
             for i, m in enumerate(step.steps):
                 mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float))}, step=i)
             mlflow.log_metrics({k: v for k, v in replay.items() if k.startswith("replay.")})
@@ -154,17 +158,44 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                               "resumed_step": step.summary.get("optimizer_resumed_step", 0.0)},
                 "replay": replay})
             mlflow.log_artifacts(str(version.path), "adapter")
-            mlflow.set_tag("adapter_version", version.version)
+            mlflow.set_tags({"adapter_version": version.version,
+                             "mlflow.runName": f"learner {tenant}/{task} v{version.version}"})
     record_ledger(cfg.lake, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
                    version.version, [1] * len(turns) + [p.uses + 1 for p in replayed],
                    [t.weight for t in batch])
     result.registry_version = registry.register_candidate(cfg, tenant, task, run.info.run_id, version.version,
                                                           {**tags, "data_turns": len(batch)})
+    parent = f"v{parent_n}" if parent_n else "the base model"
+    registry.describe(cfg, tenant, task, result.registry_version, "Learner", (
+        f"Adapter v{version.version}, trained from {parent} by {registry.run_link(cfg, run.info.run_id, 'its learner run')} "
+        f"on {len(turns)} new settled turns and {len(replayed)} replayed ({len(step.turn_ids)} trained; "
+        f"reward spec {', '.join(spec_versions) or 'unknown'}), in {time.time() - started:.0f} s."))
     result.status, result.adapter_version, result.parent_version = "trained", version.version, parent_n
     result.mlflow_run_id, result.metrics = run.info.run_id, metrics
     result.replayed_turns, result.branch_base, result.branch_depth = len(replayed), bp.base, bp.depth
     result.reset_reason = bp.reset_reason
     return result
+
+
+def _log_window(cfg: TracerlConfig, tenant: str, task: str, window: dict[str, Any], spec_versions: list[str]) -> None:
+    """The training window as the run's MLflow dataset input (Datasets in the run page): the lake's
+    turns table as source, the digest of the exact turn ids (new and replayed), counts and the
+    reward-spec versions as tags. The turns stay in the lake; the input names them."""
+    import warnings
+
+    import mlflow
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    ids = "\n".join(window["turn_ids"] + window["replayed_turn_ids"]).encode()
+    with warnings.catch_warnings():  # MLflow registers its local-file source twice and warns on every lookup
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source((Path(cfg.lake).resolve() / "turns").as_uri())
+    ds = MetaDataset(source, name=f"lake {tenant}/{task}", digest=hashlib.sha256(ids).hexdigest()[:16])
+    mlflow.log_input(ds, context="training", tags={
+        "turns": str(window["turns"]), "replayed_turns": str(window["replayed_turns"]),
+        "first_turn": window["first_turn"], "last_turn": window["last_turn"],
+        "reward_spec_version": ",".join(spec_versions) or "unknown"})
 
 
 def _spec_versions(cfg: TracerlConfig, tenant: str, turn_ids: list[str]) -> list[str]:

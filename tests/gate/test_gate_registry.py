@@ -2,6 +2,8 @@
 contamination, review hold then approval, rollback. vLLM is replaced by a scripted backend here
 (test_gate_vllm.py serves real adapters)."""
 
+import time
+
 import pytest
 
 from pipelines.adapters import promote as reg
@@ -45,7 +47,15 @@ def test_pass_promotes_and_logs_only_aggregates_and_hashes(tmp_path, mlflow_serv
     run = c.get_run(r.run_id)
     artifacts = {a.path for a in c.list_artifacts(r.run_id, "gate")}
     assert artifacts >= {"gate/decision.json", "gate/item_scores.json", "gate/scores_by_version.png"}
-    texts = [str(tags), str(run.data.params), str(run.data.tags), str(run.data.metrics)]
+    # the reviewer's page: the decision, its reasons and a link to this run, first on the version
+    mv = c.get_model_version(model_name(tenant, task), rv)
+    assert mv.description.startswith("## Gate\n\n**promote** against the base model, by [gate v1 vs base]"
+                                      f"(#/experiments/{run.info.experiment_id}/runs/{r.run_id})")
+    assert all(f"- {reason}" in mv.description for reason in r.decision.reasons)
+    assert "| answers | primary | 1.000 | 0.333 | +0.667 | yes |" in mv.description
+    assert run.info.run_name == f"gate {tenant}/{task} v1 vs base"
+    assert c.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    texts = [str(tags), str(run.data.params), str(run.data.tags), str(run.data.metrics), mv.description]
     local = c.download_artifacts(r.run_id, "gate", str(tmp_path / "dl"))
     texts += [p.read_text() for p in (tmp_path / "dl" / "gate").glob("*.json")]
     assert local
@@ -60,12 +70,20 @@ def test_no_significant_gain_is_rejected_with_reasons(tmp_path, mlflow_server):
     assert run_gate(cfg, tenant, task, rv1, backend=backend, gate=gate, training_prompts=[]).decision.outcome == "promote"
     rv2, av2 = candidate(cfg, tenant, task, parent=av1)
     backend.policies.update(policy_for({av2: (2, True)}, tenant, task))  # as good as the champion
+    before = time.time()
     r = run_gate(cfg, tenant, task, rv2, backend=backend, gate=gate, training_prompts=[])
     assert r.decision.outcome == "reject" and r.baseline == rv1
     assert any("no significant gain" in x for x in r.decision.reasons)
     assert adapter_for_alias(cfg, tenant, task, CHAMPION) == av1
     assert tags_of(cfg, tenant, task, rv2)[reg.STATUS] == reg.REJECTED
     assert "primary suite 'answers'" in tags_of(cfg, tenant, task, rv2)["tracerl.gate.reasons"]
+    c = client(cfg)
+    run = c.get_run(r.run_id)
+    assert run.info.run_name == f"gate {tenant}/{task} v{rv2} vs v{rv1}"
+    # the run spans the gate's work (sampling both models), not only its logging
+    assert -0.01 < run.info.start_time / 1000 - before < 0.25 and run.info.end_time / 1000 <= time.time()
+    desc = c.get_model_version(model_name(tenant, task), rv2).description
+    assert f"**reject** against champion v{rv1}" in desc and "no significant gain" in desc
 
 
 def test_guardrail_regression_rejects_despite_a_primary_gain(tmp_path, mlflow_server):

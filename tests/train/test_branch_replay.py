@@ -121,6 +121,18 @@ def test_rejected_candidates_grow_a_branch_and_a_promotion_starts_a_new_one(lcfg
                 tags["tracerl.branch.reset_reason"]) == ("base", "2", str(r1.adapter_version), "none")
     # the gate's lineage (contamination check) now walks the branch
     assert [v.version for v in store.lineage(TENANT, TASK, r2.adapter_version)] == [2, 1]
+    # what a reviewer reads: the run named with its version, its window as a dataset input, and the
+    # version's description naming parent, data and run (the run's timing: tests/test_tracking_env.py)
+    run = client(cfg).get_run(r2.mlflow_run_id)
+    assert run.info.run_name == f"learner {TENANT}/{TASK} v2"
+    [ds] = run.inputs.dataset_inputs
+    ds_tags = {t.key: t.value for t in ds.tags}
+    assert ds.dataset.name == f"lake {TENANT}/{TASK}" and "/turns" in ds.dataset.source
+    assert ds_tags["mlflow.data.context"] == "training" and int(ds_tags["turns"]) == r2.new_turns
+    assert ds_tags["reward_spec_version"] == run_tags["reward_spec_version"]
+    desc = client(cfg).get_model_version(registry.model_name(TENANT, TASK), r2.registry_version).description
+    assert desc.startswith(f"## Learner\n\nAdapter v2, trained from v{r1.adapter_version} by [its learner run]")
+    assert f"on {r2.new_turns} new settled turns" in desc
 
     registry.set_alias(cfg, TENANT, TASK, registry.CHAMPION, r2.registry_version)  # the gate promotes v2
     traffic()
