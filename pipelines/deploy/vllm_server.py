@@ -86,6 +86,13 @@ def build_command(python: Path, base_model: Path, cfg: ServeConfig, port: int, g
     ]
     if gpu:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    else:
+        # vLLM 0.32 on CPU dies on a seeded request whose prefill is chunked: it rewinds the
+        # request's generator offset, which a CPU generator does not have ("CPU Generator does not
+        # use offset"), and every request after that gets a 500. Any client sending `seed` with a
+        # long prompt under load could stop serving for all. Without chunked prefill a prompt is
+        # scheduled whole, so the budget must hold the longest one (test_vllm.py reproduces it).
+        argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(cfg.max_model_len, 2048))]
     return argv
 
 

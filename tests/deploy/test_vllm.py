@@ -182,6 +182,31 @@ def test_base_completion_returns_token_ids_and_logprobs(served):
 
 @needs_vllm
 @pytest.mark.slow
+def test_seeded_requests_too_long_to_prefill_together_do_not_kill_the_engine(served):
+    """Seeded requests whose prompts together exceed one step's token budget: on CPU, vLLM 0.32
+    chunks such a prefill and then rewinds the request's generator offset, which a CPU generator
+    does not have ("CPU Generator does not use offset"); the engine died and every request after
+    it got a 500 (seen with the tools family's long tool-block prompts). The server is started
+    without chunked prefill on CPU, so every one of these is answered and it stays healthy."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(served.base)(" ".join(f"city{i} weather" for i in range(400)))["input_ids"]
+    long = AutoTokenizer.from_pretrained(served.base).decode(ids[:600])  # 12 x ~600 tokens: no one step holds them
+
+    def one(i: int) -> str:
+        return admin.complete(served.url, "base", messages=chat(f"{i}: {long}"), max_tokens=4, seed=i,
+                              logprobs=True).finish_reason or ""
+
+    with ThreadPoolExecutor(12) as pool:
+        finished = list(pool.map(one, range(12)))
+    assert len(finished) == 12 and all(f in ("stop", "length") for f in finished)
+    assert admin.complete(served.url, "base", messages=chat(PROMPTS[0]), max_tokens=4, seed=1).token_ids
+
+
+@needs_vllm
+@pytest.mark.slow
 def test_a_final_assistant_message_is_continued_and_the_reply_starts_with_it(served):
     """A forced call's opening (the gateway's prefix) is continued, not answered: the prompt ends
     inside the assistant turn, as transformers renders it with continue_final_message, and the
