@@ -34,12 +34,12 @@ class TenantError(ValueError):
 def check_name(value: str, what: str) -> str:
     """``value`` as a tenant or task id: the adapter store's check, and the trace contract's
     (64 characters at most: events name it)."""
-    from pipelines.contract.validate import IDENT
+    from pipelines.contract.validate import IDENT, short
     from pipelines.adapters.store import check_id
 
     check_id(value, what)
     if not IDENT.fullmatch(value):
-        raise TenantError(f"{what}={value!r} is longer than the 64 characters a trace event may name; use a shorter id")
+        raise TenantError(f"{what}={short(value)} is longer than the 64 characters a trace event may name; use a shorter id")
     return value
 
 

@@ -131,11 +131,19 @@ def cmd_reject(cfg: TracerlConfig, args: argparse.Namespace) -> int:
                                                                 args.who, args.why))
 
 
-def cmd_swaps(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.deploy.service import swap_history
+def _target_filter(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """--tenant / --task as given, each checked (a bad one is a one-line error echoing it bounded)."""
+    from pipelines.adapters.store import check_id
 
-    for s in swap_history(cfg, args.limit):
-        print(json.dumps(s, default=str))
+    return (None if args.tenant is None else check_id(args.tenant, "tenant"),
+            None if args.task is None else check_id(args.task, "task"))
+
+
+def cmd_swaps(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from tracerl.tables import format_swaps, json_lines, swap_rows
+
+    rows = swap_rows(cfg, *_target_filter(args), limit=args.limit)
+    print(json_lines(rows) if args.json else format_swaps(rows))
     return 0
 
 
@@ -285,13 +293,10 @@ def cmd_train(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_adapters(cfg: TracerlConfig, args: argparse.Namespace) -> int:
-    from pipelines.adapters.store import AdapterStore
+    from tracerl.tables import adapter_rows, format_adapters, json_lines
 
-    store = AdapterStore(cfg.adapter_root)
-    for v in store.list(args.tenant, args.task):
-        m = v.meta
-        print(f"{v.name}  parent={m.get('parent_version')}  turns={m['data_window'].get('turns')}  "
-              f"created={m.get('created_at')}  mlflow={m.get('mlflow_run_id')}")
+    rows = adapter_rows(cfg, *_target_filter(args))
+    print(json_lines(rows) if args.json else format_adapters(rows))
     return 0
 
 
@@ -432,8 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("tenant", nargs="?")
     c.add_argument("task", nargs="?")
     c.set_defaults(fn=cmd_canary)
-    s = sub.add_parser("swaps", help="every swap: who, when, from, to, outcome")
-    s.add_argument("--limit", type=int)
+    s = sub.add_parser("swaps", help="every swap and canary start/stop: when, target, from, to, outcome, requests")
+    s.add_argument("--tenant", help="only this tenant's")
+    s.add_argument("--task", help="only this task's")
+    s.add_argument("--limit", type=int, help="the last N (after filtering)")
+    s.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     s.set_defaults(fn=cmd_swaps)
 
     s = sub.add_parser("tenant", help="add, list, serve or revoke tenants (API key, champion, eval suite)")
@@ -483,9 +491,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--task")
     s.set_defaults(fn=cmd_train)
 
-    s = sub.add_parser("adapters", help="list adapter versions of a tenant/task")
-    s.add_argument("--tenant", required=True)
-    s.add_argument("--task", required=True)
+    s = sub.add_parser("adapters", help="adapter versions of every tenant/task (or the ones named), marked live / "
+                                        "canary / champion / challenger / rejected")
+    s.add_argument("--tenant", help="only this tenant's")
+    s.add_argument("--task", help="only this task's")
+    s.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
     s.set_defaults(fn=cmd_adapters)
 
     s = sub.add_parser("schema", help="print the trace-event JSON Schema")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipelines.adapters.version import folder_version, label, lora_name
+from pipelines.contract.validate import short
 from pipelines.durable import fsync_tree
 
 READY = "READY"
@@ -36,7 +37,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # no '/', no leading '.',
 def check_id(value: str, what: str) -> str:
     """Reject ids that could escape the store or hide ('a/b', '..', '.x', '', spaces)."""
     if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise ValueError(f"{what}={value!r} is not a safe id; use 1-128 of [A-Za-z0-9_.-], starting with a letter or digit")
+        raise ValueError(f"{what}={short(value)} is not a safe id; use 1-128 of [A-Za-z0-9_.-], starting with a letter or digit")
     return value
 
 
@@ -152,6 +153,13 @@ class AdapterStore:
             raise KeyError(f"{lora_name(tenant, task, version)} is not a published adapter (no {READY} in {path})")
         meta = json.loads((path / META).read_text())
         return AdapterVersion(tenant, task, int(version), path, meta)
+
+    def targets(self) -> list[tuple[str, str]]:
+        """Every (tenant, task) with a folder in the store, sorted (folders with unsafe names skipped)."""
+        if not self.root.is_dir():
+            return []
+        return sorted((a.name, b.name) for a in self.root.iterdir() if a.is_dir() and _ID.fullmatch(a.name)
+                      for b in a.iterdir() if b.is_dir() and _ID.fullmatch(b.name))
 
     def list(self, tenant: str, task: str) -> list[AdapterVersion]:
         """Published versions, oldest first."""

@@ -63,20 +63,22 @@ Check = Callable[[Any, str], None]
 
 
 def _fail_type(path: str, want: str, got: Any) -> None:
-    raise ValidationError(WRONG_TYPE, f"{path} must be {want}, got {type(got).__name__} {_short(got)}")
+    raise ValidationError(WRONG_TYPE, f"{path} must be {want}, got {type(got).__name__} {short(got)}")
 
 
 def _fail_number(path: str, want: type, got: Any) -> None:
     """Not a number of the wanted kind: a wrong type; or the right type out of range: an invalid value."""
     if type(got) is int or (want is float and type(got) is float):
         raise ValidationError(INVALID_VALUE, f"{path} must be a finite number that fits a 64-bit "
-                                             f"{'integer' if want is int else 'float'}, got {_short(got)}")
+                                             f"{'integer' if want is int else 'float'}, got {short(got)}")
     _fail_type(path, "an integer" if want is int else "a number", got)
 
 
-def _short(v: Any) -> str:
+def short(v: Any) -> str:
+    """``repr(v)``, bounded: how every error message echoes a caller's input (an id of kilobytes
+    is named by its start and its length, never repeated whole)."""
     s = repr(v)  # ASCII-safe enough for a log line: repr escapes surrogates and control characters
-    return s if len(s) <= 60 else s[:57] + "..."
+    return s if len(s) <= 60 else f"{s[:57]}... ({len(s)} chars)"
 
 
 def _is_int(v: Any) -> bool:
@@ -104,7 +106,7 @@ def _compile(hint: Any) -> tuple[Check, bool]:
             for m in bounds:
                 if v < m.value:
                     note = f" ({m.note})" if m.note else ""
-                    raise ValidationError(INVALID_VALUE, f"{p} must be at least {m.value}{note}, got {_short(v)}")
+                    raise ValidationError(INVALID_VALUE, f"{p} must be at least {m.value}{note}, got {short(v)}")
         return check, False
     if hint is Any:
         return _any, False
@@ -134,7 +136,7 @@ def _compile(hint: Any) -> tuple[Check, bool]:
         allowed = typing.get_args(hint)
         def check(v, p, d):
             if type(v) is not str or v not in allowed:
-                raise ValidationError(INVALID_VALUE, f"{p} must be one of {list(allowed)}, got {_short(v)}")
+                raise ValidationError(INVALID_VALUE, f"{p} must be one of {list(allowed)}, got {short(v)}")
         return check, False
     if origin is list:
         (item,) = typing.get_args(hint)
@@ -223,7 +225,7 @@ def _at(prefix: str, check: Callable, *args: Any) -> None:
     except _Bad as bad:
         inner = "".join(f"[{k}]" if type(k) is int else f".{k}" for k in reversed(bad.path))
         path = (prefix + inner).lstrip(".")
-        raise ValidationError(bad.reason, f"{_short(path) if path else 'the event'} {bad.what}") from None
+        raise ValidationError(bad.reason, f"{short(path) if path else 'the event'} {bad.what}") from None
 
 
 def _scalar(x: Any) -> None:
@@ -243,7 +245,7 @@ def _scalar(x: Any) -> None:
             try:
                 float(x)
             except OverflowError:
-                raise _Bad(INVALID_VALUE, f"{_short(x)} does not fit a 64-bit float") from None
+                raise _Bad(INVALID_VALUE, f"{short(x)} does not fit a 64-bit float") from None
     elif x is not None and t is not bool:
         raise _Bad(WRONG_TYPE, f"is a {t.__name__}, not a JSON value")
 
@@ -281,7 +283,7 @@ def _walk(v: dict | list, depth: int) -> None:
                 if not k.isascii():
                     _scalar(k)
             elif type(v) is dict:
-                raise _Bad(WRONG_TYPE, f"has the key {_short(k)}: object keys must be strings")
+                raise _Bad(WRONG_TYPE, f"has the key {short(k)}: object keys must be strings")
             if t is dict or t is list or t is tuple:
                 _walk(x, depth + 1)
             elif t is not str or not x.isascii():
@@ -319,7 +321,7 @@ def _check_feedback(e: dict) -> None:
     if need and e.get(need) is None:
         raise ValidationError(MISSING_FIELD, f"{need} is required for feedback kind {kind!r}")
     if kind == "thumbs" and e["value"] not in (1, -1):
-        raise ValidationError(INVALID_VALUE, f"thumbs value must be 1 (up) or -1 (down), got {_short(e['value'])}")
+        raise ValidationError(INVALID_VALUE, f"thumbs value must be 1 (up) or -1 (down), got {short(e['value'])}")
     if kind == "rating":
         lo, hi = e.get("scale_min"), e.get("scale_max")
         lo, hi = 1 if lo is None else lo, 5 if hi is None else hi  # null = not sent: the default scale
@@ -343,7 +345,7 @@ IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 def _check_ident(obj: dict, name: str) -> None:
     v = obj.get(name)
     if v is not None and not IDENT.fullmatch(v):
-        raise ValidationError(INVALID_VALUE, f"{name} {_short(v)} must match {IDENT.pattern} (letters, digits, . _ -)")
+        raise ValidationError(INVALID_VALUE, f"{name} {short(v)} must match {IDENT.pattern} (letters, digits, . _ -)")
 
 
 def parse_time(s: str) -> datetime:
@@ -351,15 +353,15 @@ def parse_time(s: str) -> datetime:
     try:
         t = datetime.fromisoformat(s)
     except (TypeError, ValueError):
-        raise ValidationError(INVALID_VALUE, f"event_time {_short(s)} is not an RFC 3339 timestamp") from None
+        raise ValidationError(INVALID_VALUE, f"event_time {short(s)} is not an RFC 3339 timestamp") from None
     if t.tzinfo is None:
-        raise ValidationError(INVALID_VALUE, f"event_time {_short(s)} has no timezone: add 'Z' or an offset")
+        raise ValidationError(INVALID_VALUE, f"event_time {short(s)} has no timezone: add 'Z' or an offset")
     try:
         utc = t.astimezone(timezone.utc)
     except (OverflowError, ValueError):
         utc = None  # year 1 with a positive offset, year 9999 with a negative one
     if utc is None or not TIME_MIN <= utc <= TIME_MAX:
-        raise ValidationError(INVALID_VALUE, f"event_time {_short(s)} is outside {TIME_MIN:%Y-%m-%d} to "
+        raise ValidationError(INVALID_VALUE, f"event_time {short(s)} is outside {TIME_MIN:%Y-%m-%d} to "
                                              f"{TIME_MAX:%Y-%m-%d} UTC")
     return t
 
@@ -371,12 +373,12 @@ def _validate(obj: Any) -> dict:
     if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS:
         raise ValidationError(
             UNKNOWN_SCHEMA_VERSION,
-            f"schema_version {_short(version)} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)})",
+            f"schema_version {short(version)} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)})",
         )
     kind = obj.get("type")
     entry = _VALIDATORS.get(kind) if type(kind) is str else None
     if entry is None:
-        raise ValidationError(UNKNOWN_EVENT_TYPE, f"type {_short(kind)} is not one of {sorted(_VALIDATORS)}")
+        raise ValidationError(UNKNOWN_EVENT_TYPE, f"type {short(kind)} is not one of {sorted(_VALIDATORS)}")
     if version == 1:
         obj = _from_v1(obj)
     check, extra, int32_fields = entry
@@ -403,7 +405,7 @@ def _from_v1(obj: dict) -> dict:
         return obj
     m = _V1_ADAPTER_VERSION.fullmatch(v)
     if m is None:
-        raise ValidationError(INVALID_VALUE, f"adapter_version {_short(v)} (schema_version 1) names no adapter "
+        raise ValidationError(INVALID_VALUE, f"adapter_version {short(v)} (schema_version 1) names no adapter "
                                              f"version: send 'v<N>', or schema_version 2 with the integer N")
     return {**obj, "adapter_version": int(m.group(1))}
 
@@ -416,15 +418,15 @@ def validate_event(obj: Any) -> dict:
     except ValidationError:
         raise
     except Exception as e:  # a validator bug must not become a stuck stream: report it, keep the bytes
-        raise ValidationError(INTERNAL_ERROR, f"the validator failed: {type(e).__name__}: {_short(str(e))}") from e
+        raise ValidationError(INTERNAL_ERROR, f"the validator failed: {type(e).__name__}: {short(str(e))}") from e
 
 
 def check_topic_tenant(event: dict, topic: str, topic_tenants: dict[str, str]) -> None:
     """On a topic mapped to one tenant (`ingest.topic_tenants`), only that tenant's events are accepted."""
     want = topic_tenants.get(topic)
     if want is not None and event["tenant"] != want:
-        raise ValidationError(TENANT_MISMATCH, f"tenant {_short(event['tenant'])} may not produce to topic "
-                                               f"{_short(topic)}: it carries tenant {want!r} only")
+        raise ValidationError(TENANT_MISMATCH, f"tenant {short(event['tenant'])} may not produce to topic "
+                                               f"{short(topic)}: it carries tenant {want!r} only")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -434,7 +436,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     if len(d) != len(pairs):
         seen: set[str] = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValidationError(INVALID_VALUE, f"key {_short(dup)} appears twice in one object")
+        raise ValidationError(INVALID_VALUE, f"key {short(dup)} appears twice in one object")
     return d
 
 
@@ -457,7 +459,7 @@ def decode_message(value: Any, max_bytes: int) -> dict:
     except RecursionError:
         raise ValidationError(INVALID_VALUE, f"value nests objects and arrays deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:  # JSONDecodeError (a BOM too), or an integer of over 4300 digits
-        raise ValidationError(NOT_JSON, f"value is not JSON: {_short(str(e))}") from None
+        raise ValidationError(NOT_JSON, f"value is not JSON: {short(str(e))}") from None
     except Exception as e:
-        raise ValidationError(INTERNAL_ERROR, f"JSON decoding failed: {type(e).__name__}: {_short(str(e))}") from e
+        raise ValidationError(INTERNAL_ERROR, f"JSON decoding failed: {type(e).__name__}: {short(str(e))}") from e
     return validate_event(obj)

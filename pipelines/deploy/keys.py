@@ -34,10 +34,10 @@ def key_folder(home: Path) -> Path:
 
 
 def key_path(home: Path, tenant: str) -> Path:
-    from pipelines.contract.validate import IDENT
+    from pipelines.contract.validate import IDENT, short
 
     if not isinstance(tenant, str) or not IDENT.fullmatch(tenant):
-        raise ValueError(f"tenant={tenant!r} is not a tenant id; use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+        raise ValueError(f"tenant={short(tenant)} is not a tenant id; use [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     return key_folder(home) / f"{tenant}.key"
 
 
