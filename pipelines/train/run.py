@@ -88,6 +88,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     from pipelines.models.registry import base_model_hash, resolve_base_model
     from pipelines.train.branch import choose_parent
     from pipelines.train.replay import prioritize, replay_pool, use_stats
+    from pipelines.train.plots import log_reward_plot
     from pipelines.train.step import train_step
 
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] learner/train/gate settings
@@ -158,6 +159,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                               "resumed_step": step.summary.get("optimizer_resumed_step", 0.0)},
                 "replay": replay})
             mlflow.log_artifacts(str(version.path), "adapter")
+            for p in log_reward_plot(cfg, tenant, task):  # what each serving version earned, as metrics too
+                mlflow.log_metric("live_reward_by_version", p.mean, step=p.version)
             mlflow.set_tags({"adapter_version": version.version,
                              "mlflow.runName": f"learner {tenant}/{task} v{version.version}"})
     record_ledger(cfg.lake, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],

@@ -93,6 +93,12 @@ def _ledger(cfg) -> list[tuple]:
 
 
 @pytest.mark.slow
+def duckdb_count(cfg, sql: str, *params) -> int:
+    from pipelines.lake.query import connect
+
+    return connect(cfg.lake).execute(sql, list(params)).fetchone()[0]
+
+
 def test_rejected_candidates_grow_a_branch_and_a_promotion_starts_a_new_one(lcfg):
     cfg, traffic, store = lcfg, Traffic(lcfg), AdapterStore(lcfg.adapter_root)
     cfg.learner.replay_turns = 0  # the branch alone
@@ -130,6 +136,17 @@ def test_rejected_candidates_grow_a_branch_and_a_promotion_starts_a_new_one(lcfg
     assert ds.dataset.name == f"lake {TENANT}/{TASK}" and "/turns" in ds.dataset.source
     assert ds_tags["mlflow.data.context"] == "training" and int(ds_tags["turns"]) == r2.new_turns
     assert ds_tags["reward_spec_version"] == run_tags["reward_spec_version"]
+    # the scheduled path's reward plot: every serving version's settled reward, as a PNG and metrics
+    assert "learner/live_reward_by_version.png" in {a.path for a in client(cfg).list_artifacts(run.info.run_id,
+                                                                                                "learner")}
+    from pipelines.train.plots import reward_history
+
+    points = reward_history(cfg, TENANT, TASK)
+    settled = duckdb_count(cfg, "SELECT count(DISTINCT turn_id) FROM rewards WHERE settled AND labelled AND tenant = ?",
+                           TENANT)
+    assert points and sum(p.turns for p in points) == settled
+    history = client(cfg).get_metric_history(run.info.run_id, "live_reward_by_version")
+    assert [(m.step, round(m.value, 6)) for m in history] == [(p.version, round(p.mean, 6)) for p in points]
     desc = client(cfg).get_model_version(registry.model_name(TENANT, TASK), r2.registry_version).description
     assert desc.startswith(f"## Learner\n\nAdapter v2, trained from v{r1.adapter_version} by [its learner run]")
     assert f"on {r2.new_turns} new settled turns" in desc
