@@ -99,9 +99,14 @@ class GateConfig:
                                          #   (greedy replies repeat): at temperature 0 there is one look at alpha
     futility_gain: float = 0.01          # stop early (reject) once the upper bound of the gain is below
                                          #   max(min_gain, this): more samples would not reach a gain worth having
+    side_by_side: int = 8                # recent real prompts (never eval items) answered by candidate and
+                                         #   champion for the reviewer, with the primary scorer's scores:
+                                         #   gate/side_by_side.json on the gate run; 0 = off
     signatures: SignatureConfig = field(default_factory=SignatureConfig)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.side_by_side <= 100:
+            raise ValueError(f"gate.side_by_side={self.side_by_side} must be in [0, 100] prompts (0 = off)")
         if self.test not in TESTS:
             raise ValueError(f"gate.test={self.test!r}: use one of {TESTS}")
         if not 0.5 <= self.confidence < 1.0:

@@ -32,6 +32,7 @@ from pipelines.gate.evaluate import Backend, Samples, VllmBackend, sample_suite
 from pipelines.gate.live_estimate import offpolicy_verdict
 from pipelines.gate.offpolicy import WORSE, OffPolicyVerdict
 from pipelines.gate.sequential import sequential_compare
+from pipelines.gate.side_by_side import recent_prompts, side_by_side
 from pipelines.gate.signatures import compare_signatures
 from pipelines.gate.stats import compare
 
@@ -50,6 +51,7 @@ class GateResult:
     contamination: list[str] = field(default_factory=list)
     offpolicy: OffPolicyVerdict | None = None  # with canary.enabled, on a pass
     canary: bool = False              # passed and entered the canary (challenger, status canary), not champion
+    side_by_side: dict[str, list[Any]] | None = None  # recent real prompts, both models' replies (side_by_side.py)
 
     @property
     def passed(self) -> bool:
@@ -137,6 +139,11 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
             for s in suites:
                 verdict, scores[s.name] = _evaluate(backend, cand_name, champ_name, s, gate, judge, replies)
                 verdicts.append(verdict)
+            if gate.side_by_side:
+                primary = next((s for s in suites if s.role == "primary"), None)
+                prompts = recent_prompts(cfg, tenant, task, gate.side_by_side, hashes)
+                if prompts:
+                    result.side_by_side = side_by_side(backend, cand_name, champ_name, prompts, primary, gate, judge)
         finally:
             backend.release(cand_name)
             if champ_av is not None:
@@ -296,6 +303,8 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
                 ("offpolicy.low", op.low), ("offpolicy.high", op.high)) if np.isfinite(x)})
             mlflow.log_dict(op.to_dict(), "gate/offpolicy.json")
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
+        if result.side_by_side:
+            mlflow.log_table(data=result.side_by_side, artifact_file="gate/side_by_side.json")
         mlflow.log_dict({name: {"fingerprint": by_name[name].fingerprint,
                                 "items": [{"hash": it.hash, "candidate": a, "champion": b}
                                           for it, a, b in zip(by_name[name].items, sc[0], sc[1])]}

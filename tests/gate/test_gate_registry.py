@@ -211,3 +211,40 @@ def test_sequential_looks_sample_more_with_new_seeds_for_both_models(tmp_path, m
         per_item.setdefault(text, set()).add(seed)
     assert all(len(seeds) == v.samples for seeds in per_item.values())   # new seeds, no repeats
     assert int(tags_of(cfg, tenant, task, rv)["eval.answers.looks"]) == len(v.looks)
+
+
+def test_the_reviewer_gets_side_by_side_replies_to_recent_real_prompts_never_eval_items(tmp_path, mlflow_server):
+    """gate/side_by_side.json on the gate run: the target's latest distinct production prompts
+    (an eval item's question sent live is left out, duplicates once), each answered by candidate
+    and champion with the same seed, scored by the primary scorer where it can score them."""
+    import json
+
+    from pipelines.contract.events import Message, ModelTurn
+    from pipelines.config.gate import GateConfig
+    from pipelines.evals.suites import load_suites
+    from pipelines.gate.side_by_side import side_by_side
+    from tests.reward.reward_lake import at, land
+
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server, side_by_side=3)
+    asked = ["Real question A?", question(4), "Real question B?", "Real question B?", "Real question C?",
+             "Real question D?"]  # oldest first: D is the latest, question(4) is an eval item
+    land(cfg.lake, [ModelTurn(tenant=tenant, app="bot", task=task, trace_id=f"tr{i}", turn_id=f"u{i}", turn_index=0,
+                              event_time=at(i), model="m", input_messages=[Message(role="user", content=q)],
+                              output_text="x") for i, q in enumerate(asked)])
+    rv, av = candidate(cfg, tenant, task)
+    backend = FakeBackend(policy_for({av: (3, True)}, tenant, task))
+    r = run_gate(cfg, tenant, task, rv, backend=backend, gate=gate, training_prompts=[])
+    path = client(cfg).download_artifacts(r.run_id, "gate/side_by_side.json", str(tmp_path / "dl"))
+    table = json.loads(open(path).read())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [x["prompt"] for x in rows] == ["Real question D?", "Real question C?", "Real question B?"]
+    assert all(x["candidate"] == x["champion"] == "It is secret-0." for x in rows)  # FakeBackend's reply
+    assert all(x["candidate_score"] is None for x in rows)  # the primary regex needs each item's own pattern
+    asked_live = {m for _, m, _, _ in backend.calls}
+    assert "Real question A?" not in asked_live and {x["prompt"] for x in rows} <= asked_live
+    # a scorer that can score any reply does: the guardrail's "ends with a period"
+    style = next(s for s in load_suites(gate.suites_dir, tenant, task) if s.name == "style")
+    cols = side_by_side(FakeBackend({"a": (1, True), "b": (1, False)}), "a", "b",
+                        [[{"role": "user", "content": "Real question D?"}]], style, GateConfig(temperature=0.0,
+                                                                                             samples_per_item=1))
+    assert (cols["candidate_score"], cols["champion_score"]) == ([1.0], [0.0])
