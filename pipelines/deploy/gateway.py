@@ -127,6 +127,12 @@ def tool_reply(text: str) -> dict[str, Any] | None:
     return {"content": parsed.content or None, "tool_calls": calls}
 
 
+# What an OpenAI chat completion (or chunk) and its choices carry; anything else vLLM adds is dropped.
+OPENAI_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint",
+                           "service_tier"})
+OPENAI_CHOICE_FIELDS = frozenset({"index", "message", "delta", "logprobs", "finish_reason"})
+
+
 class Gateway:
     def __init__(self, gcfg: GatewayConfig, router: Router, deployer: Deployer, emitter: Emitter,
                  secret: bytes, admin_key: str, keys: KeyRing | None = None):
@@ -148,6 +154,7 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/feedback", self.feedback)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model:.+}", self.model)
         app.router.add_post("/admin/deploy", self.admin_deploy)
         app.router.add_post("/admin/rollback", self.admin_rollback)
         app.router.add_post("/internal/swap", self.internal_swap)
@@ -278,7 +285,7 @@ class Gateway:
         try:  # a canary's side sticks to the user when the app names one, else to the conversation
             lease = self.router.acquire(tenant, req.model, f"user:{req.user}" if req.user else f"trace:{trace_id}")
         except UnknownModel:
-            raise ApiError(404, f"model {req.model!r} does not exist for this key", "model") from None
+            raise ApiError(404, f"model {req.model[:80]!r} does not exist for this key", "model") from None
         self.counts["requests"] += 1
         try:
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
@@ -348,13 +355,18 @@ class Gateway:
 
     @staticmethod
     def _strip(chunk: dict[str, Any], want: dict[str, bool]) -> None:
-        if not want["token_ids"]:
-            chunk.pop("prompt_token_ids", None)
+        """OpenAI's fields only, plus the token ids when the client asked (vLLM's `return_token_ids`):
+        vLLM's internals (`prompt_logprobs`, `kv_transfer_params`, `stop_reason`, ...) stay here."""
+        keep, keep_choice = OPENAI_FIELDS, OPENAI_CHOICE_FIELDS
+        if want["token_ids"]:
+            keep, keep_choice = keep | {"prompt_token_ids"}, keep_choice | {"token_ids"}
+        for k in [k for k in chunk if k not in keep]:
+            del chunk[k]
         for c in chunk.get("choices") or []:
-            if not want["logprobs"]:
+            for k in [k for k in c if k not in keep_choice]:
+                del c[k]
+            if not want["logprobs"] and "logprobs" in c:
                 c["logprobs"] = None
-            if not want["token_ids"]:
-                c.pop("token_ids", None)
 
     async def _stream(self, request, url, body, lease, turn, req, want, headers) -> web.StreamResponse:
         t0 = time.perf_counter()
@@ -501,6 +513,20 @@ class Gateway:
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": self.router.public_models(self._tenant(request))})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``models.retrieve(name)``: ``task`` or ``tenant/task`` of the caller's own tenant."""
+        tenant = self._tenant(request)
+        name = request.match_info["model"]
+        try:
+            _, task = self.router.resolve(tenant, name)
+        except UnknownModel:
+            task = None
+        found = [m for m in self.router.public_models(tenant) if m["id"] == task]
+        if not found:
+            raise ApiError(404, f"model {name[:80]!r} does not exist for this API key", "model",
+                           "invalid_request_error", "model_not_found")
+        return web.json_response(found[0])
 
     # -- admin --------------------------------------------------------------------------------
 

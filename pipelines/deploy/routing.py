@@ -81,6 +81,7 @@ class Live:
     path: str
     history: list[dict[str, Any]] = field(default_factory=list)  # [{"version", "path"}], oldest first
     canary: Canary | None = None
+    since: float = 0.0  # unix time this version went live here (0: a routes.json from before it was kept)
 
     def __post_init__(self) -> None:
         if isinstance(self.canary, dict):  # read back from routes.json
@@ -199,10 +200,12 @@ class Router:
             return [v.copy() for v in self._routes.values()]
 
     def public_models(self, tenant: str) -> list[dict[str, Any]]:
-        """The champion's version: a canary is invisible to the tenant's apps (each turn says
-        which version served it)."""
+        """OpenAI model objects, one per task of ``tenant``: ``created`` is when the champion's
+        version went live, ``version`` which one it is. A canary is invisible to the tenant's apps
+        (each turn says which version served it)."""
         with self._cond:
-            return [{"id": task, "object": "model", "owned_by": tenant, "version": label(live.version)}
+            return [{"id": task, "object": "model", "created": int(live.since), "owned_by": tenant,
+                     "version": label(live.version)}
                     for (t, task), live in sorted(self._routes.items()) if t == tenant]
 
     def flip(self, tenant: str, task: str, version: int, path: str, *, rollback: bool = False) -> Live | None:
@@ -222,7 +225,8 @@ class Router:
             elif old is not None:
                 history.append({"version": old.version, "path": old.path})
             canary = old.canary if old is not None and old.canary and old.canary.version != int(version) else None
-            self._routes[(tenant, task)] = Live(tenant, task, int(version), str(path), history[-20:], canary)
+            self._routes[(tenant, task)] = Live(tenant, task, int(version), str(path), history[-20:], canary,
+                                                time.time())
             self._save()
             return None if old is None else old.copy()
 

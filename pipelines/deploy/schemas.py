@@ -589,6 +589,9 @@ def openapi(version: str = "1") -> dict[str, Any]:
             "/v1/feedback": {"post": _op("Feedback, a tool call or a session end for one of this tenant's traces",
                                          "tenantKey", 202, "FeedbackRequest", (403, 404))},
             "/v1/models": {"get": _op("This tenant's public model names", "tenantKey", 200)},
+            "/v1/models/{model}": {"get": _op("One of this tenant's models (task, or tenant/task)", "tenantKey", 200,
+                                              errors=(404,), params=[
+                {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}])},
             "/admin/deploy": {"post": _op("Make an adapter version the registry's champion, then serve it",
                                           "adminKey", 200, "DeployRequest", (404, 409),
                                           description=DEPLOY_DESCRIPTION)},

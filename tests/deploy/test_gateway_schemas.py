@@ -129,7 +129,7 @@ def test_openapi_document_loads_in_schemathesis_and_covers_every_route():
     doc = schemas.openapi()
     ops = [r.ok() for r in schemathesis.openapi.from_dict(doc).get_all_operations()]
     assert {(o.method.upper(), o.path) for o in ops} == {
-        ("POST", "/v1/chat/completions"), ("POST", "/v1/feedback"), ("GET", "/v1/models"),
+        ("POST", "/v1/chat/completions"), ("POST", "/v1/feedback"), ("GET", "/v1/models"), ("GET", "/v1/models/{model}"),
         ("POST", "/admin/deploy"), ("POST", "/admin/rollback"), ("POST", "/internal/swap"), ("GET", "/admin/swaps"),
         ("GET", "/admin/stats"), ("GET", "/health"), ("GET", "/openapi.json"),
         ("POST", "/admin/canary"), ("GET", "/admin/canary"), ("POST", "/admin/canary/share"),
