@@ -217,23 +217,14 @@ DEMO_ENV = ("TRACERL_CONFIG", "DAGSTER_HOME", "MLFLOW_TRACKING_URI")
 
 @contextmanager
 def demo_env(tmp: Path, bootstrap: str, name: str):
-    """A demo's stack on the tiny model: its tracerl.toml (the simulated users' reward spec, a
-    vLLM start timeout for busy cores) in TRACERL_CONFIG, where the gateway process reads it too,
+    """A demo's stack on the tiny model: its tracerl.toml (`stack_settings`: the simulated users'
+    reward spec, a vLLM start timeout for busy cores, the repo's evals) in TRACERL_CONFIG, where the gateway process reads it too,
     and a fresh DAGSTER_HOME with the repo's run-queue limits. The environment is restored after;
     an earlier test's MLFLOW_TRACKING_URI must not leak in. Yields the toml's path."""
-    from pipelines.loop.demo import SIM_REWARD_SPEC
     from tests.conftest import write_stack_toml
+    from tests.train.served_loop import stack_settings
 
-    toml = write_stack_toml(tmp, bootstrap, name, f"""
-[train]
-base_model = "tiny"
-[gateway]
-port = 0
-[serve]
-start_timeout_s = 420  # vLLM on 2 busy cores can take more than the default 180 s to come up
-[reward]
-spec = "{SIM_REWARD_SPEC}"  # the simulated users' spec for every run
-""")
+    toml = write_stack_toml(tmp, bootstrap, name, stack_settings(""))
     saved = {k: os.environ.get(k) for k in DEMO_ENV}
     try:
         os.environ["TRACERL_CONFIG"] = str(toml)
