@@ -147,3 +147,16 @@ def test_a_bad_target_is_one_bounded_error_line(tmp_path, capsys):
     assert main(["--config", str(toml), "adapters", "--tenant", "../" * 2000]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and len(err) < 300 and "tenant=" in err and "(6002 chars)" in err
+
+
+def test_sql_help_names_every_view_the_lake_has(tmp_path, capsys):
+    from pipelines.lake.query import connect
+    from tracerl.cli import SQL_VIEWS
+
+    views = {r[0] for r in connect(tmp_path / "lake").execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall() if not r[0].startswith("_")}
+    assert set(SQL_VIEWS) == views
+    with pytest.raises(SystemExit):
+        main(["sql", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(v in out for v in views)

@@ -352,6 +352,11 @@ def cmd_loop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0 if run.success else 1
 
 
+# what `tracerl sql` can read (the lake's DuckDB views; tests/test_cli.py checks it against them)
+SQL_VIEWS = ("events", "turns", "tool_calls", "feedback", "session_ends", "quarantine", "rewards",
+             "reward_corrections")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tracerl", description=(
         "Own and keep improving your model from your own production traffic. "
@@ -473,9 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--topic", help="topic (default: kafka.topic)")
     s.set_defaults(fn=cmd_ingest)
 
-    s = sub.add_parser("sql", help="query the lake with DuckDB (views: events, turns, tool_calls, "
-                                   "feedback, session_ends, quarantine)")
-    s.add_argument("query")
+    s = sub.add_parser("sql", help=f"query the lake with DuckDB (views: {', '.join(SQL_VIEWS)})",
+                       description=f"Query the lake with DuckDB. Views: {', '.join(SQL_VIEWS)}.")
+    s.add_argument("query", help="one SQL statement over the views, e.g. \"SELECT count(*) FROM turns\"")
     s.add_argument("--format", choices=["table", "json"], default="table")
     s.add_argument("--max-rows", type=int, default=40)
     s.set_defaults(fn=cmd_sql)
