@@ -61,7 +61,7 @@ def test_no_route_answers_5xx_to_schema_generated_requests(boundary):
     rejected_before = gw.emitter.stats()["rejected"]
     t0 = time.monotonic()
     operations = [r.ok() for r in schema.get_all_operations()]
-    assert len(operations) == sum(len(methods) for methods in doc["paths"].values()) == 14
+    assert len(operations) == sum(len(methods) for methods in doc["paths"].values()) == 15
     for op in operations:
         key = ADMIN if op.path.startswith(("/admin", "/internal")) else KEYS["acme"]
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

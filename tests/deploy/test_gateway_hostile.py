@@ -248,7 +248,8 @@ def test_routes_methods_health_and_openapi_answer_json(boundary):
     assert {"queued", "spill_files"} <= set(health["emitter"])
     status, doc = call(f"{url}/openapi.json", None)
     assert status == 200 and doc["openapi"].startswith("3.1")
-    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/feedback", "/v1/models", "/admin/deploy",
+    assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/feedback", "/v1/models", "/v1/models/{model}",
+                                 "/admin/deploy",
                                  "/admin/rollback", "/internal/swap", "/admin/swaps", "/admin/stats", "/health",
                                  "/openapi.json", "/admin/canary", "/admin/canary/share", "/admin/canary/stop"}
     assert call(f"{url}/admin/swaps?limit=1", ADMIN)[0] == 200
