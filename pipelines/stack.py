@@ -32,8 +32,10 @@ def start(cfg: TracerlConfig, name: str) -> str:
 
         if not embedded(cfg):
             return f"external {cfg.mlflow.tracking_uri}; nothing to start"
+        from pipelines.tracking import runs_url
+
         m = start_mlflow(cfg)
-        return f"{m.url} (UI; store {cfg.tracking_uri}, pid {m.pid}, log {m.log})"
+        return f"{m.url} (UI; runs: {runs_url(cfg, m.url)}; store {cfg.tracking_uri}, pid {m.pid}, log {m.log})"
     if name == "vllm":
         from pipelines.deploy.vllm_server import start_vllm
         from pipelines.models.registry import resolve_base_model

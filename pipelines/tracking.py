@@ -14,10 +14,17 @@ from typing import Any, Iterator
 from pipelines.config import TracerlConfig
 
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
-# MLflow 3's UI opens an experiment by its kind: without this tag it infers one and shows the GenAI
-# overview ("Traces 0") first. tracerl's runs are model training (learner, gate, canary), so the
-# experiment opens on its runs table; production turns live in the lake, not as MLflow traces.
+# tracerl's runs are model training (learner, gate, canary), not GenAI traces: production turns live
+# in the lake. MLflow 3's UI opens an experiment on its GenAI overview ("Traces 0") unless told: the
+# tag says the kind (what releases that read it go by), and MLflow 3.17's UI, which follows a global
+# GenAI / Model training switch instead, opens on the runs from `runs_url` (?workflowType=...).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+MODEL_TRAINING = "workflowType=machine_learning"
+
+
+def runs_url(cfg: TracerlConfig, ui: str) -> str:
+    """The experiment's runs table in the MLflow UI at ``ui`` (what tracerl prints and links)."""
+    return f"{ui.rstrip('/')}/#/experiments/{experiment_id(cfg)}?{MODEL_TRAINING}"
 
 
 def use_store(uri: str) -> None:
