@@ -9,6 +9,7 @@ version tag `adapter_version` links the two.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pipelines.adapters.version import tag_version
@@ -62,24 +63,9 @@ def describe(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     (the learner's, the gate's, the canary's) are kept in order. Returns the new description."""
     c, name = client(cfg), model_name(tenant, task)
     old = c.get_model_version(name, str(registry_version)).description or ""
-    sections, current = [], None
-    for line in old.splitlines():
-        if line.startswith("## "):
-            current = [line]
-            sections.append(current)
-        elif current is not None:
-            current.append(line)
-        elif line.strip():
-            sections.append(current := [line])
-    head = f"## {heading}"
-    mine = [head, "", body.strip(), ""]
-    kept = [sec for sec in sections if sec[0] != head]
-    at = next((i for i, sec in enumerate(sections) if sec[0] == head), None)
-    if at is None:
-        kept.append(mine)
-    else:
-        kept.insert(sum(1 for sec in sections[:at] if sec[0] != head), mine)
-    text = "\n".join("\n".join(sec).rstrip() + "\n" for sec in kept).strip() + "\n"
+    sections = {part.split("\n", 1)[0]: part.rstrip() for part in re.split(r"(?m)^(?=## )", old) if part.strip()}
+    sections[f"## {heading}"] = f"## {heading}\n\n{body.strip()}"  # an existing key keeps its place
+    text = "\n\n".join(sections.values()) + "\n"
     c.update_model_version(name, str(registry_version), description=text[:20000])
     return text
 

@@ -248,3 +248,15 @@ def test_the_reviewer_gets_side_by_side_replies_to_recent_real_prompts_never_eva
                         [[{"role": "user", "content": "Real question D?"}]], style, GateConfig(temperature=0.0,
                                                                                              samples_per_item=1))
     assert (cols["candidate_score"], cols["champion_score"]) == ([1.0], [0.0])
+
+
+def test_a_description_section_is_replaced_in_place_and_the_others_kept(tmp_path, mlflow_server):
+    from pipelines.adapters.registry import describe
+
+    cfg, _, tenant, task = setup(tmp_path, mlflow_server)
+    rv, _ = candidate(cfg, tenant, task)
+    describe(cfg, tenant, task, rv, "Learner", "trained on 40 turns")
+    describe(cfg, tenant, task, rv, "Gate", "**reject**\n\n- no gain")
+    assert describe(cfg, tenant, task, rv, "Learner", "trained on 41 turns") == \
+        "## Learner\n\ntrained on 41 turns\n\n## Gate\n\n**reject**\n\n- no gain\n"
+    assert client(cfg).get_model_version(model_name(tenant, task), rv).description.startswith("## Learner\n\ntrained on 41")
