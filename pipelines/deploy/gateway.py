@@ -30,6 +30,10 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   final input message, and ``prompt_token_ids``), the sampled continuation is the turn's output
   with its logprobs, and the reply (``tool_calls``, or the text when the call is malformed) is
   parsed from prefix + continuation.
+  Call ids name the turn that made them (``call_<i>_<turn id>``): on a request that continues
+  the trace, each ``tool`` message answering one of them is recorded as that turn's
+  ``tool_call`` event with its outcome (``tool_results``: invalid arguments by the tool's
+  schema, an ``error`` in a JSON result, else ok), once per call however often it is resent.
 - ``POST /v1/feedback`` (tenant key): ``{type: feedback|tool_call|session_end, trace_id, ...}``.
 - ``GET /v1/models`` (tenant key): this tenant's public names.
 - ``POST /admin/deploy {tenant, task, version, who?, why, force?}`` and ``POST /admin/rollback
@@ -79,8 +83,9 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling
+from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling, ToolCall
 from pipelines.contract.tool_calls import parse_tool_calls
+from pipelines.deploy.tool_results import call_id, tool_results
 from pipelines.contract.validate import ValidationError
 from pipelines.deploy import operations, schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
@@ -113,17 +118,18 @@ def _contract_param(err: ValidationError, chat: bool) -> str | None:
     return param
 
 
-def tool_reply(text: str) -> dict[str, Any] | None:
+def tool_reply(text: str, turn_id: str) -> dict[str, Any] | None:
     """The OpenAI message for a reply that calls tools: ``{content, tool_calls}``, or None when it
     makes no call or any call is malformed (then the app gets the model's text as it is). Names
-    and arguments are passed on as the model wrote them; checking them against the tools' schemas
-    is the app's job (it reports the outcome as a ``tool_call`` event)."""
+    and arguments are passed on as the model wrote them. Each call's id names the turn
+    (``tool_results.call_id``): the app's ``tool`` message answering it becomes that turn's
+    tool outcome."""
     parsed = parse_tool_calls(text)
     if not parsed.calls or any(c.error is not None for c in parsed.calls):
         return None
-    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    calls = [{"id": call_id(i, turn_id), "type": "function",
               "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-             for c in parsed.calls]
+             for i, c in enumerate(parsed.calls)]
     return {"content": parsed.content or None, "tool_calls": calls}
 
 
@@ -147,7 +153,7 @@ class Gateway:
         self.max_event_bytes = emitter.cfg.ingest.max_event_bytes
         self.session: ClientSession | None = None
         self.counts = {"requests": 0, "upstream_errors": 0, "client_disconnects": 0,
-                       "prompt_ids_dropped": 0}
+                       "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.gcfg.max_body_bytes, middlewares=[errors_as_json])
@@ -288,9 +294,11 @@ class Gateway:
             raise ApiError(404, f"model {req.model[:80]!r} does not exist for this key", "model") from None
         self.counts["requests"] += 1
         try:
+            app = ext.app or self.gcfg.app
+            self._record_tool_results(tenant, trace_id if given_trace else None, lease.task, app, req)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
                     "adapter_version": int(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
-                    "app": ext.app or self.gcfg.app, "train": train}
+                    "app": app, "train": train}
             provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
                                            finish=None, latency_ms=0.0)
             self._check_event(provisional, self._output_room(req), chat=True)
@@ -303,6 +311,22 @@ class Gateway:
             return await self._unary(url, upstream, lease, turn, req, want, headers)
         finally:
             self.router.release(lease)
+
+    def _record_tool_results(self, tenant: str, trace_id: str | None, task: str, app: str, req: ChatRequest) -> None:
+        """The ``tool`` messages answering this trace's calls, as the calling turns' tool_call events
+        (before the model is asked, so a failed upstream call loses none). Without the trace id
+        (a new trace) no call can be proved ours."""
+        found, foreign = tool_results(req.messages, req.tool_dicts(),
+                                      lambda turn_id: trace_id is not None and self.owns_turn(tenant, trace_id, turn_id))
+        self.counts["tool_results_not_ours"] += foreign
+        events = [ToolCall(tenant=tenant, app=app, trace_id=trace_id, task=task, turn_id=r.turn_id,
+                           event_id=r.event_id, call_id=r.call_id, name=r.name, arguments=r.arguments,
+                           outcome=r.outcome, error=r.error).to_dict() for r in found]
+        for event in events:  # all checked before any is sent: a refused request records nothing
+            self._check_event(event)
+        for event in events:
+            self.emitter.emit(event)
+        self.counts["tool_results"] += len(events)
 
     def _failed(self, lease) -> None:
         """vLLM answered this request with an error, or not at all (counted per route for swaps)."""
@@ -343,7 +367,7 @@ class Gateway:
                    latency_ms=latency_ms)
         data["model"] = req.model
         said = req.prefix() + (choice["message"].get("content") or "")  # the model's whole reply
-        reply = tool_reply(said) if req.tools_active() else None
+        reply = tool_reply(said, turn["turn_id"]) if req.tools_active() else None
         if req.prefix():
             choice["message"]["content"] = said
         if reply is not None:
@@ -437,7 +461,7 @@ class Gateway:
         finish reason; logprobs and token ids ride on the first choice chunk when asked for."""
         base = {k: template[k] for k in ("id", "object", "created") if k in template}
         base["model"] = req.model
-        reply = tool_reply(text)
+        reply = tool_reply(text, turn["turn_id"])
         first: dict[str, Any] = {"index": 0, "delta": {"role": "assistant", "content": text if reply is None
                                                       else reply["content"]}, "finish_reason": None}
         if want["logprobs"]:

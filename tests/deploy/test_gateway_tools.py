@@ -116,7 +116,7 @@ def test_a_forced_call_is_prefilled_and_parsed_from_prefix_plus_continuation():
     named = {"type": "function", "function": {"name": "get_weather"}}
     req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], tool_choice=named))
     assert req.served_messages()[:-1] == with_tools(ASK, [WEATHER]) and req.prefix() == call_prefix(named)
-    assert tool_reply(req.prefix() + ' {"city": "Oslo"}}]</tool_call>')["tool_calls"][0]["function"] == \
+    assert tool_reply(req.prefix() + ' {"city": "Oslo"}}]</tool_call>', "u")["tool_calls"][0]["function"] == \
         {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})}
     assert schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], tool_choice="none")).prefix() == ""
 
@@ -133,16 +133,16 @@ def test_tools_are_rendered_into_the_served_prompt_not_forwarded():
 
 def test_a_reply_with_calls_maps_to_openai_tool_calls():
     reply = tool_reply('Let me check. <tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}},'
-                       ' {"name": "get_weather", "arguments": {"city": "Rome"}}]</tool_call>')
+                       ' {"name": "get_weather", "arguments": {"city": "Rome"}}]</tool_call>', "u1-s")
     assert reply["content"] == "Let me check."
     assert [c["type"] for c in reply["tool_calls"]] == ["function", "function"]
     assert [json.loads(c["function"]["arguments"]) for c in reply["tool_calls"]] == [{"city": "Oslo"}, {"city": "Rome"}]
-    assert len({c["id"] for c in reply["tool_calls"]}) == 2 and all(c["id"].startswith("call_") for c in reply["tool_calls"])
-    bare = tool_reply('{"name": "get_weather", "arguments": {"city": "Oslo"}}')
+    assert [c["id"] for c in reply["tool_calls"]] == ["call_0_u1-s", "call_1_u1-s"]  # each names its turn
+    bare = tool_reply('{"name": "get_weather", "arguments": {"city": "Oslo"}}', "u")
     assert bare["content"] is None and bare["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert tool_reply("It is sunny.") is None
-    assert tool_reply('<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>') is None  # malformed
-    assert tool_reply('<tool_call>[{"name": "a", "arguments": {}}, {"arguments": {}}]</tool_call>') is None
+    assert tool_reply("It is sunny.", "u") is None
+    assert tool_reply('<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>', "u") is None  # malformed
+    assert tool_reply('<tool_call>[{"name": "a", "arguments": {}}, {"arguments": {}}]</tool_call>', "u") is None
 
 
 def test_held_stream_chunks_carry_the_calls_whole():
@@ -200,7 +200,7 @@ def test_a_tools_request_is_served_in_openai_shape_and_recorded_as_served(bounda
     assert turn["output_token_ids"] == out["choices"][0]["token_ids"]
     assert turn["prompt_token_ids"] == out["prompt_token_ids"]
     assert _prompt_ids(boundary, turn["input_messages"]) == turn["prompt_token_ids"]
-    expect = tool_reply(turn["output_text"])
+    expect = tool_reply(turn["output_text"], tid)
     msg = out["choices"][0]["message"]
     if expect is None:
         assert msg["content"] == turn["output_text"] and not msg.get("tool_calls")
@@ -228,7 +228,7 @@ def test_a_forced_call_is_served_as_a_continued_prefix_and_recorded_as_served(bo
     assert len(turn["output_logprobs"]) == len(turn["output_token_ids"]) > 0
     assert not turn["output_text"].startswith(prefix)
     # the reply is parsed from prefix + continuation
-    expect, msg = tool_reply(prefix + turn["output_text"]), out["choices"][0]["message"]
+    expect, msg = tool_reply(prefix + turn["output_text"], tid), out["choices"][0]["message"]
     if expect is None:
         assert msg["content"] == prefix + turn["output_text"] and not msg.get("tool_calls")
         assert out["choices"][0]["finish_reason"] in ("stop", "length")
@@ -279,6 +279,38 @@ def test_invalid_tools_are_a_400_over_http_and_stream_with_tools_is_openai_chunk
     tid = chunks[0]["tracerl"]["turn_id"]
     turn = kafka_events(boundary.cfg, {tid})[tid]
     streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-    expect = tool_reply(turn["output_text"])
+    expect = tool_reply(turn["output_text"], tid)
     assert streamed == (turn["output_text"] if expect is None else expect["content"] or "")
     assert turn["input_messages"][0]["content"] == tools_system_prompt([WEATHER])
+
+
+@pytest.mark.slow
+def test_tool_messages_answering_its_calls_are_recorded_as_the_calling_turns_tool_outcomes(boundary):
+    """The app runs the calls and sends the results back as ``tool`` messages: each answer to one of
+    the gateway's calls becomes the calling turn's tool_call event, judged by what the request
+    carries; a forged call id records nothing."""
+    client = GatewayClient(boundary.url, KEYS["acme"])
+    first = client.chat("support", ASK, tools=[WEATHER], max_tokens=8, temperature=0.0)
+    trace, turn_id = first["tracerl"]["trace_id"], first["tracerl"]["turn_id"]
+    forged = "call_0_" + turn_id.rpartition("-")[0] + "-0000000000000000"   # a turn id with a wrong signature
+    calls = [("call_0_" + turn_id, {"city": "Oslo"}), ("call_1_" + turn_id, {"town": "Oslo"}),
+             ("call_2_" + turn_id, {"city": "Atlantis"}), (forged, {"city": "Rome"})]
+    results = [json.dumps({"temp_c": 4}), json.dumps({"temp_c": 4}), json.dumps({"error": "unknown city"}),
+               json.dumps({"temp_c": 20})]
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": cid, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(a)}}
+        for cid, a in calls]}, *({"role": "tool", "tool_call_id": cid, "content": r}
+                                 for (cid, _), r in zip(calls, results))]
+    for _ in range(2):   # apps resend the history: both sends carry the same event ids
+        out = client.chat("support", history, tools=[WEATHER], max_tokens=8, temperature=0.0,
+                          tracerl={"trace_id": trace})
+        assert out["tracerl"]["trace_id"] == trace
+    ids = {f"result-{cid}" for cid, _ in calls}
+    events = kafka_events(boundary.cfg, ids)
+    assert set(events) == ids - {f"result-{forged}"}            # the forged id recorded nothing
+    got = {e["call_id"]: (e["turn_id"], e["outcome"], e["trace_id"], e["name"]) for e in events.values()}
+    assert got == {calls[0][0]: (turn_id, "ok", trace, "get_weather"),
+                   calls[1][0]: (turn_id, "invalid_arguments", trace, "get_weather"),
+                   calls[2][0]: (turn_id, "error", trace, "get_weather")}
+    assert events[f"result-{calls[2][0]}"]["error"] == "unknown city"
+    assert events[f"result-{calls[0][0]}"]["arguments"] == {"city": "Oslo"}
