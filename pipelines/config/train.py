@@ -254,6 +254,13 @@ class TrainConfig:
     staleness: StalenessSettings = field(default_factory=StalenessSettings)
     seed: int = 0
     """Seeds torch for LoRA init and batch order: same data + seed = same adapter on one machine."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the learner runs. 'auto': the GPU when torch sees one, else the CPU. 'cuda' without a
+    GPU is an error, not a silent fallback (pipelines/train/device.py)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Autocast dtype of the forwards. 'auto': bf16 on a GPU that has it, fp32 on CPU. The LM head,
+    logprobs, loss, weights and AdamW state stay fp32 in every case: bf16 logprobs differ from the
+    engine's by up to ~0.45, which the importance ratio would read as off-policy drift."""
 
     def __post_init__(self) -> None:
         _check(bool(self.base_model.strip()), "base_model is empty; use 'tiny', 'smollm2-135m' or a model folder")

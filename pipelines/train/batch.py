@@ -16,6 +16,8 @@ EOS that ends a reply would be masked out by an id comparison.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -121,6 +123,11 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return int(sum(self.output_lens))
+
+    def to(self, device: Any) -> "Batch":
+        """The same batch with its tensors on ``device`` (lengths stay Python lists)."""
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in (
+            "input_ids", "attention_mask", "loss_mask", "behaviour_logprobs", "has_behaviour")})
 
 
 def collate(items: Sequence[EncodedTurn], pad_token_id: int) -> Batch:

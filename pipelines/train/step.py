@@ -2,7 +2,8 @@
 
 Reads top to bottom like nanoGPT's loop. Phases, in order:
   1. load the base (fp32) and wrap it with LoRA: fresh from the config, or the parent adapter
-     loaded trainable;
+     loaded trainable; move it to ``train.device`` (forwards in ``train.precision`` autocast,
+     logprobs and loss in fp32: pipelines/train/device.py);
   2. encode turns; staleness weights (drop / down-weight turns served by old adapters) times each
      turn's own replay weight;
   3. advantages (policy gradient) or desirable labels (KTO); drop samples with no signal;
@@ -32,6 +33,7 @@ from typing import Any, Hashable, Sequence
 from pipelines.adapters.store import write_folder_atomically
 from pipelines.adapters.version import parse_version
 from pipelines.train.batch import EncodedTurn, TrainTurn, collate, encode_turns
+from pipelines.train.device import place
 from pipelines.config.train import KTOObjective, TrainConfig
 from pipelines.train.optim_state import OPTIMIZER_FILE, load_optimizer_state, save_optimizer_state
 
@@ -133,7 +135,7 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
     in fp32, and 0 where ``loss_mask[:, 1:]`` is 0 (prompt, padding).
 
     The LM head (vocab x hidden: 49152 x 576 on SmolLM2, ~20% of a forward) and the logsumexp run only
-    on the rows t−1 whose next token is an output token; the prompt rows' logits were computed and
+    on the rows t−1 whose next token is an output token, in fp32 under any autocast (:func:`fp32_logprobs`); the prompt rows' logits were computed and
     thrown away before. Same numbers as ``token_logprobs(model(...).logits[:, :-1], input_ids[:, 1:])``
     at the scored positions, up to float rounding (tests/train/test_step.py checks values and
     gradients). ``head_only_where_scored=False`` (or a model :func:`_decoder_and_head` does not
@@ -156,8 +158,18 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
         prefix = shared_prefix_len(input_ids, attention_mask, loss_mask)
     hidden = _decode(decoder, input_ids, attention_mask, prefix)  # positions prefix..T-1
     rows, cols = scored.nonzero(as_tuple=True)
-    picked = token_logprobs(head(hidden[rows, cols - prefix]), targets[rows, cols])  # [N]: N scored tokens
+    picked = fp32_logprobs(head, hidden[rows, cols - prefix], targets[rows, cols])  # [N]: N scored tokens
     return picked.new_zeros(scored.shape).index_put((rows, cols), picked)
+
+
+def fp32_logprobs(head, hidden, targets):
+    """The LM head and log-softmax in fp32 even inside a bf16 autocast (device.py says why)."""
+    import torch
+
+    from pipelines.train.losses import token_logprobs
+
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        return token_logprobs(head(hidden.float()), targets)
 
 
 def _base_fingerprint(model) -> list[float]:
@@ -227,8 +239,10 @@ def train_step(
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed)
 
-        # 1. base + LoRA ------------------------------------------------------------------
+        # 1. base + LoRA, on the configured device ---------------------------------------
+        placement = place(cfg)
         model, tokenizer = build_policy(Path(base_model_path), parent_adapter_dir, cfg, seed)
+        model.to(placement.device)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         fingerprint = _base_fingerprint(model)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -246,6 +260,7 @@ def train_step(
                                  f"version that served it) or None (the base model)")
         encoded, summary = encode_turns(turns, tokenizer)
         summary.update({"seed": float(seed), "current_version": float(current), "trainable_params": float(n_trainable),
+                        "device_cuda": float(placement.device == "cuda"), "bf16": float(placement.precision == "bf16"),
                         "stale_dropped": 0.0, "stale_downweighted": 0.0, "replayed": 0.0})
         weighted: list[tuple[EncodedTurn, float]] = []
         for e in encoded:
@@ -285,10 +300,11 @@ def train_step(
         summary["trained_samples"] = float(len(kept))
         print(f"train_step: {len(turns)} turns -> {len(kept)} with signal; version {current}; "
               f"{int(summary['replayed'])} replayed, {int(summary['stale_downweighted'])} down-weighted; "
-              f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}")
+              f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}; "
+              f"{placement.device} {placement.precision}")
 
         # 4. optimizer steps ---------------------------------------------------------------
-        parts_ok = _decoder_and_head(model) is not None  # the head-only / shared-prefix path
+        share = _decoder_and_head(model) is not None and placement.share_prefix  # the rows' common prefix once
         optimizer = torch.optim.AdamW(params, lr=opt_cfg.lr, betas=opt_cfg.betas, weight_decay=opt_cfg.weight_decay)
         summary["optimizer_resumed_step"] = float(load_optimizer_state(optimizer, optimizer_state)
                                                   if optimizer_state is not None else 0)
@@ -304,20 +320,21 @@ def train_step(
             optimizer.zero_grad(set_to_none=True)
             for start in range(0, len(idx), opt_cfg.micro_batch_size):
                 mb = idx[start: start + opt_cfg.micro_batch_size]
-                batch = collate([kept[i][0] for i in mb], pad_id)
-                weights = torch.tensor([kept[i][1] for i in mb], dtype=torch.float32)
-                sig = torch.tensor([signal[i] for i in mb], dtype=torch.float32)
+                batch = collate([kept[i][0] for i in mb], pad_id).to(placement.device)
+                weights = torch.tensor([kept[i][1] for i in mb], dtype=torch.float32, device=placement.device)
+                sig = torch.tensor([signal[i] for i in mb], dtype=torch.float32, device=placement.device)
                 mask = batch.loss_mask[:, 1:]
 
                 # reference: same weights, adapters off, no graph. First, so its buffers are free
                 # (and reused) before the policy forward holds its activations for the backward.
                 # the rows' common prefix, run once in both forwards (0 on the full-logits path)
-                prefix = shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) if parts_ok else 0
-                with torch.no_grad(), model.disable_adapter():
+                prefix = shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) if share else 0
+                with torch.no_grad(), model.disable_adapter(), placement.autocast():
                     ref_lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
                                              prefix=prefix)
                 # policy forward: logits at t-1 score the token at t (LM head on scored rows only)
-                lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, prefix=prefix)
+                with placement.autocast():
+                    lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, prefix=prefix)
 
                 if isinstance(obj, KTOObjective):
                     pol_seq, ref_seq = sequence_logprobs(lp, mask), sequence_logprobs(ref_lp, mask)
@@ -331,7 +348,7 @@ def train_step(
                     q = torch.where(batch.has_behaviour[:, None], batch.behaviour_logprobs[:, 1:], lp.detach())
                     loss, m = policy_gradient_loss(lp, q, ref_lp, sig, mask, obj, sample_weights=weights,
                                                    num_tokens=step_tokens)
-                    pos = torch.tensor([positive[i] for i in mb], dtype=torch.bool)
+                    pos = torch.tensor([positive[i] for i in mb], dtype=torch.bool, device=placement.device)
                     if obj.positive_bc_coef > 0 and bool(pos.any()):  # shares the PG term's k3 KL leash
                         bc_loss, bm = positive_bc_loss(lp, mask, pos, obj.positive_bc_coef, sample_weights=weights,
                                                        num_tokens=step_tokens)
