@@ -99,6 +99,10 @@ class GateConfig:
                                          #   (greedy replies repeat): at temperature 0 there is one look at alpha
     futility_gain: float = 0.01          # stop early (reject) once the upper bound of the gain is below
                                          #   max(min_gain, this): more samples would not reach a gain worth having
+    reuse_replies: bool = True           # keep each model's eval replies (<home>/gate_replies, keyed by
+                                         #   weights, sampling, item and seed: reply_cache.py), so the
+                                         #   champion, asked what it was asked as a candidate, is not
+                                         #   asked again: each gate generates for one arm
     side_by_side: int = 8                # recent real prompts (never eval items) answered by candidate and
                                          #   champion for the reviewer, with the primary scorer's scores:
                                          #   gate/side_by_side.json on the gate run; 0 = off

@@ -78,6 +78,11 @@ class TracerlConfig:
         return self.home / "adapters"
 
     @property
+    def gate_replies_dir(self) -> Path:
+        """Eval replies the gate keeps per set of weights (pipelines/gate/reply_cache.py)."""
+        return self.home / "gate_replies"
+
+    @property
     def tracking_uri(self) -> str:
         return self.mlflow.tracking_uri or f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from pipelines.config.gate import GateConfig
 from pipelines.evals.scorers import Judge, score
 from pipelines.evals.suites import Suite
+from pipelines.gate.reply_cache import ReplyCache
 
 
 @dataclass(frozen=True)
@@ -94,20 +95,29 @@ class Samples:
 
 
 def sample_suite(backend: Backend, name: str, suite: Suite, gate: GateConfig, judge: Judge | None = None,
-                 first: int = 0, count: int | None = None) -> Samples:
+                 first: int = 0, count: int | None = None, cache: ReplyCache | None = None) -> Samples:
     """Generate and score samples ``first .. first + count - 1`` (default: ``samples_per_item``)
-    of each item; sample index k has the seed ``item_seed(seed, item, k)`` for every model."""
+    of each item; sample index k has the seed ``item_seed(seed, item, k)`` for every model.
+    ``cache``: these weights' kept replies; a kept reply is scored, not generated again."""
     sampling = Sampling.from_gate(gate)
     count = gate.samples_per_item if count is None else count
     jobs = [(i, k) for i in range(len(suite.items)) for k in range(first, first + count)]
 
     def one(job: tuple[int, int]) -> tuple[float, str]:
         item = suite.items[job[0]]
-        text = backend.generate(name, item.messages, sampling, item_seed(sampling.seed, item.hash, job[1]))
+        seed = item_seed(sampling.seed, item.hash, job[1])
+        entry = ReplyCache.entry(item.hash, seed, sampling.temperature, sampling.top_p, sampling.max_tokens)
+        text = cache.get(entry) if cache is not None else None
+        if text is None:
+            text = backend.generate(name, item.messages, sampling, seed)
+            if cache is not None:
+                cache.put(entry, text)
         return score(suite.scorer, text, item, judge), text
 
     with ThreadPoolExecutor(max_workers=gate.concurrency) as pool:
         results = list(pool.map(one, jobs))
+    if cache is not None:
+        cache.save()
     out = Samples(first, [[] for _ in suite.items], [[] for _ in suite.items])
     for (i, _), (s, text) in zip(jobs, results):
         out.scores[i].append(s)

@@ -30,6 +30,7 @@ from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite
 from pipelines.gate.decide import decide as decide_
 from pipelines.gate.evaluate import Backend, Samples, VllmBackend, sample_suite
 from pipelines.gate.live_estimate import offpolicy_verdict
+from pipelines.gate.reply_cache import ReplyCache, weights_key
 from pipelines.gate.offpolicy import WORSE, OffPolicyVerdict
 from pipelines.gate.sequential import sequential_compare
 from pipelines.gate.side_by_side import recent_prompts, side_by_side
@@ -52,6 +53,7 @@ class GateResult:
     offpolicy: OffPolicyVerdict | None = None  # with canary.enabled, on a pass
     canary: bool = False              # passed and entered the canary (challenger, status canary), not champion
     side_by_side: dict[str, list[Any]] | None = None  # recent real prompts, both models' replies (side_by_side.py)
+    reused: dict[str, int] = field(default_factory=dict)  # eval replies taken from reply_cache, per arm
 
     @property
     def passed(self) -> bool:
@@ -135,9 +137,14 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
             backend.prepare(champ_name, store.get(tenant, task, champ_av).path)
         judge = judge_from(gate.judge_url, gate.judge_model, gate.judge_api_key_env)
         verdicts, replies = [], Replies()
+        caches = None
+        if gate.reuse_replies:
+            base_hash = str(store.get(tenant, task, cand_av).meta["base_model_hash"])
+            caches = tuple(ReplyCache(cfg.gate_replies_dir, weights_key(
+                base_hash, None if av is None else store.get(tenant, task, av).path)) for av in (cand_av, champ_av))
         try:
             for s in suites:
-                verdict, scores[s.name] = _evaluate(backend, cand_name, champ_name, s, gate, judge, replies)
+                verdict, scores[s.name] = _evaluate(backend, cand_name, champ_name, s, gate, judge, replies, caches)
                 verdicts.append(verdict)
             if gate.side_by_side:
                 primary = next((s for s in suites if s.role == "primary"), None)
@@ -148,6 +155,8 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
             backend.release(cand_name)
             if champ_av is not None:
                 backend.release(champ_name)
+            if caches is not None:
+                result.reused = {"candidate": caches[0].hits, "champion": caches[1].hits}
         kl = store.get(tenant, task, cand_av).meta.get("metrics", {}).get("kl")
         sigs = (compare_signatures(replies.candidate, replies.champion, gate.signatures, 1.0 - gate.confidence,
                                    gate.n_bootstrap, gate.seed) if gate.signatures.enabled else [])
@@ -212,14 +221,16 @@ def _tools_of(suite: Suite, item: Any) -> list[dict[str, Any]] | None:
 
 
 def _evaluate(backend: Backend, cand: str, champ: str, suite: Suite, gate: GateConfig, judge: Any,
-              replies: Replies) -> tuple[Any, tuple[list[float], list[float]]]:
+              replies: Replies, caches: tuple[ReplyCache, ReplyCache] | None = None
+              ) -> tuple[Any, tuple[list[float], list[float]]]:
     """(verdict, per-item mean scores of candidate and champion). Primaries take sequential looks
-    (gate.looks of them; one at temperature 0); guardrails one look at the full alpha."""
+    (gate.looks of them; one at temperature 0); guardrails one look at the full alpha.
+    ``caches``: (candidate's, champion's) kept replies."""
     import numpy as np
 
     def draw(first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        a = sample_suite(backend, cand, suite, gate, judge, first, count)
-        b = sample_suite(backend, champ, suite, gate, judge, first, count)
+        a = sample_suite(backend, cand, suite, gate, judge, first, count, caches and caches[0])
+        b = sample_suite(backend, champ, suite, gate, judge, first, count, caches and caches[1])
         replies.add(suite, a, b, gate.signatures.clarify_max_chars)
         sums[0] = a.scores if sums[0] is None else [x + y for x, y in zip(sums[0], a.scores)]
         sums[1] = b.scores if sums[1] is None else [x + y for x, y in zip(sums[1], b.scores)]
@@ -302,6 +313,7 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
                 ("offpolicy.clipped", op.estimate.clipped), ("offpolicy.champion", op.champion_value),
                 ("offpolicy.low", op.low), ("offpolicy.high", op.high)) if np.isfinite(x)})
             mlflow.log_dict(op.to_dict(), "gate/offpolicy.json")
+        mlflow.log_metrics({f"reused_replies.{arm}": float(n) for arm, n in result.reused.items()})
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
         if result.side_by_side:
             mlflow.log_table(data=result.side_by_side, artifact_file="gate/side_by_side.json")

@@ -50,7 +50,7 @@ def candidate(cfg: TracerlConfig, tenant: str, task: str, parent: int | None = N
     src = cfg.home / f"src-{uuid.uuid4().hex[:6]}"
     src.mkdir(parents=True)
     (src / "adapter_config.json").write_text("{}")
-    (src / "adapter_model.safetensors").write_bytes(b"0")
+    (src / "adapter_model.safetensors").write_bytes(uuid.uuid4().bytes)  # each version its own weights
     av = AdapterStore(cfg.adapter_root).publish(tenant, task, src, {
         "parent_version": parent, "base_model_hash": "x", "data_window": {}, "reward_spec_version": [],
         "config": {}, "metrics": {} if kl is None else {"kl": kl}})

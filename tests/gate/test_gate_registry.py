@@ -260,3 +260,26 @@ def test_a_description_section_is_replaced_in_place_and_the_others_kept(tmp_path
     assert describe(cfg, tenant, task, rv, "Learner", "trained on 41 turns") == \
         "## Learner\n\ntrained on 41 turns\n\n## Gate\n\n**reject**\n\n- no gain\n"
     assert client(cfg).get_model_version(model_name(tenant, task), rv).description.startswith("## Learner\n\ntrained on 41")
+
+
+def test_the_champion_is_not_asked_again_what_it_was_asked_as_a_candidate(tmp_path, mlflow_server):
+    """v1 is gated against the base, promoted; v2 against v1: v1's replies come from v1's own gate
+    (same items, sampling and seeds), so the second gate generates for v2 alone, and decides as
+    it would have with v1 asked again."""
+    cfg, gate, tenant, task = setup(tmp_path, mlflow_server, temperature=1.0, samples_per_item=2)
+    rv1, av1 = candidate(cfg, tenant, task)
+    rv2, av2 = candidate(cfg, tenant, task, parent=av1)
+    policies = policy_for({av1: (2, True), av2: (3, True)}, tenant, task)
+    first = FakeBackend(policies)
+    assert run_gate(cfg, tenant, task, rv1, backend=first, gate=gate, training_prompts=[]).decision.outcome == "promote"
+    v1_asked = {(t, s) for n, t, _, s in first.calls if n.endswith(f"v{av1}")}
+    second = FakeBackend(policies)
+    r = run_gate(cfg, tenant, task, rv2, backend=second, gate=gate, training_prompts=[])
+    assert {n for n, *_ in second.calls} == {f"gate.{tenant}.{task}.v{av2}"}   # v1 was not asked at all
+    assert r.reused == {"candidate": 0, "champion": len(second.calls)} and len(second.calls) > 0
+    assert {(t, s) for _, t, _, s in second.calls} == v1_asked              # the same items and seeds
+    # v1's kept replies score as v1 does (quality 2: two items in three right)
+    assert r.decision.verdicts[0].stats.champion_mean == pytest.approx(2 / 3, abs=0.02)
+    assert r.decision.outcome == "promote"
+    metrics = client(cfg).get_run(r.run_id).data.metrics
+    assert metrics["reused_replies.champion"] == r.reused["champion"]
