@@ -63,7 +63,7 @@ def make_turns(tokenizer, seed: int = 0) -> list[TrainTurn]:
         messages = [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(12)) + "?"}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        out = [rng.randrange(100, 40000) for _ in range(OUT_TOKENS)]
+        out = [rng.randrange(100, min(40000, len(tokenizer))) for _ in range(OUT_TOKENS)]
         turns.append(TrainTurn(turn_id=f"t{i}", task="bench", prompt_token_ids=ids, input_messages=messages,
                                output_token_ids=out, output_text="", behaviour_logprobs=[-2.0] * OUT_TOKENS,
                                reward=float(rng.choice([1, -1])), group_id=f"g{i // 4}", adapter_version=None))
