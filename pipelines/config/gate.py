@@ -99,7 +99,7 @@ class GateConfig:
                                          #   (greedy replies repeat): at temperature 0 there is one look at alpha
     futility_gain: float = 0.01          # stop early (reject) once the upper bound of the gain is below
                                          #   max(min_gain, this): more samples would not reach a gain worth having
-    reuse_replies: bool = True           # keep each model's eval replies (<home>/gate_replies, keyed by
+    reuse_replies: bool = True           # keep each model's eval replies (<home>/gate_replies/<tenant>/<task>, keyed by
                                          #   weights, sampling, item and seed: reply_cache.py), so the
                                          #   champion, asked what it was asked as a candidate, is not
                                          #   asked again: each gate generates for one arm

@@ -77,10 +77,10 @@ class TracerlConfig:
     def adapter_root(self) -> Path:
         return self.home / "adapters"
 
-    @property
-    def gate_replies_dir(self) -> Path:
-        """Eval replies the gate keeps per set of weights (pipelines/gate/reply_cache.py)."""
-        return self.home / "gate_replies"
+    def gate_replies_dir(self, tenant: str, task: str) -> Path:
+        """Eval replies the gate keeps per set of weights (pipelines/gate/reply_cache.py), one
+        folder per target: a tenant's private eval replies are never read for another's."""
+        return self.home / "gate_replies" / tenant / task
 
     @property
     def tracking_uri(self) -> str:

@@ -13,8 +13,9 @@ rendering inside it; after an engine upgrade, clear ``<home>/gate_replies`` (or 
 the same seed can differ in a token; either is a sample of the champion with that seed, and the
 paired test pairs by seed.
 
-The files hold replies to private eval items: they stay in the home, beside the suites, and
-are never logged to MLflow.
+The files hold replies to private eval items: they stay in the home, one folder per target
+(``<home>/gate_replies/<tenant>/<task>``, so one tenant's gate never reads another's), and are
+never logged to MLflow.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
         caches = None
         if gate.reuse_replies:
             base_hash = str(store.get(tenant, task, cand_av).meta["base_model_hash"])
-            caches = tuple(ReplyCache(cfg.gate_replies_dir, weights_key(
+            caches = tuple(ReplyCache(cfg.gate_replies_dir(tenant, task), weights_key(
                 base_hash, None if av is None else store.get(tenant, task, av).path)) for av in (cand_av, champ_av))
         try:
             for s in suites:

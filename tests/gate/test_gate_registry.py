@@ -283,3 +283,21 @@ def test_the_champion_is_not_asked_again_what_it_was_asked_as_a_candidate(tmp_pa
     assert r.decision.outcome == "promote"
     metrics = client(cfg).get_run(r.run_id).data.metrics
     assert metrics["reused_replies.champion"] == r.reused["champion"]
+
+
+def test_one_tenants_kept_replies_are_never_read_by_another_tenants_gate(tmp_path, mlflow_server):
+    """Two tenants on the same base with the same eval items: the second tenant's gate asks the
+    base itself (its private replies stay its own), and its decision follows its own backend."""
+    cfg, gate, a, task = setup(tmp_path, mlflow_server)
+    rv, _ = candidate(cfg, a, task)
+    assert run_gate(cfg, a, task, rv, backend=FakeBackend({}), gate=gate, training_prompts=[]).reused == \
+        {"candidate": 0, "champion": 0}
+    b = "b" + a[1:]
+    from tests.gate.gate_fixtures import write_suites
+    write_suites(tmp_path / "evals", b, task)
+    rv_b, av_b = candidate(cfg, b, task)
+    backend = FakeBackend(policy_for({av_b: (3, True)}, b, task), default=(0, True))
+    r = run_gate(cfg, b, task, rv_b, backend=backend, gate=gate, training_prompts=[])
+    assert r.reused == {"candidate": 0, "champion": 0}
+    assert cfg.serve.served_model_name in {n for n, *_ in backend.calls}   # the base was asked again
+    assert r.decision.outcome == "promote"
