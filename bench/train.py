@@ -6,8 +6,9 @@ Same LoRA model, same 64 turns x ~128 output tokens, same optimizer steps:
            gradient + KL, metrics, adapter save).
   lean floor: the bare loop with the learner's forward (micro-batches in the learner's order, LM head on
            scored rows, shared prefix once): what a tuned hand-written loop would cost.
-Prints tokens/s for all three, the peak RSS, the learner against the lean floor (the cost of the
-reference forward and the loss, for context), and last `train_overhead_ratio=<learner/floor>`
+Prints tokens/s for all three, and for the learner again with the turns' reference logprobs kept
+(read as from the lake, pipelines/lake/reference.py), the peak RSS, the learner against the lean
+floor both ways (the cost of the reference forward and the loss), and last `train_overhead_ratio=<learner/floor>`
 (target <= 1.3). The learner's time excludes model loading, like the floors'. All three run on
 ``train.device`` in ``train.precision`` (defaults: the GPU in bf16 when there is one, else CPU
 fp32); on a GPU machine, bench/train_gpu.sh sets up and runs it.
@@ -144,10 +145,17 @@ def main() -> None:
     learner_tok = int(sum(s["tokens"] for s in r.steps))
     print(f"learner: {learner_tok} tokens in {learner_s:.1f}s = {learner_tok / learner_s:.0f} tokens/s "
           f"(kl {r.steps[-1]['kl']:.4f}, clip_frac {r.steps[-1]['clip_frac']:.3f})")
+    # the same step once the turns' reference logprobs are kept in the lake (replays; later uses)
+    with tempfile.TemporaryDirectory() as tmp:
+        k = train_step(base, None, turns, cfg, Path(tmp) / "adapter", seed=0, reference=r.reference)
+    kept_s = sum(s["step_s"] for s in k.steps)
+    print(f"learner, reference kept: {learner_tok} tokens in {kept_s:.1f}s = {learner_tok / kept_s:.0f} tokens/s "
+          f"({int(sum(s['reference_read'] for s in k.steps))} of {len(turns)} references read)")
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     print(f"peak RSS {peak_gb:.2f} GB (target < 6 GB)")
     # what the reference forward and the loss bookkeeping cost on their own (no target; context)
     print(f"overhead_vs_lean_floor={(learner_s / learner_tok) / (lean_s / lean_tok):.2f}")
+    print(f"overhead_vs_lean_floor_reference_kept={(kept_s / learner_tok) / (lean_s / lean_tok):.2f}")
     print(f"train_overhead_ratio={(learner_s / learner_tok) / (floor_s / floor_tok):.2f}")
 
 

@@ -120,6 +120,14 @@ LEDGER_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
                            ("adapter_version", pa.int64()), ("trained_at", pa.timestamp("ms", tz="UTC")),
                            ("use", pa.int64()), ("weight", pa.float64())])
 
+# --- Reference logprobs (`pipelines/lake/reference.py`) ---
+# log π_base of each output token of a turn, as the learner's reference forward computes it: a
+# property of (turn ids, base model, forward precision) that never changes, so computed once.
+REFERENCE_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
+                              ("base_model_hash", pa.string()), ("precision", pa.string()),
+                              ("ids_digest", pa.string()), ("logprobs", pa.list_(pa.float32())),
+                              ("computed_at", pa.timestamp("ms", tz="UTC"))])
+
 
 @dataclass
 class RewardState:

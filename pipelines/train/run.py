@@ -2,7 +2,8 @@
 
     settled, labelled turns no adapter trained on (new) + a replay of earlier ones (replay.py)
       -> train_step from the branch head (branch.py): adapter, AdamW state, reward baselines
-      -> adapter store v<N+1> (atomic; meta: lineage, branch, replay) -> ledger rows (lake)
+      -> adapter store v<N+1> (atomic; meta: lineage, branch, replay) -> ledger rows (lake),
+         and the reference logprobs computed on the way (lake/reference.py: replays read them)
       -> MLflow run (config, per-step metrics, adapter artifact, lineage and branch tags)
       -> registry model version (the gate decides what it becomes)
 
@@ -28,6 +29,7 @@ from pipelines.config import TracerlConfig, gate_config
 from pipelines.evals.contamination import eval_hashes, exclude_eval_turns
 from pipelines.lake.holdout import held_back_sql
 from pipelines.lake.ledger import ledger_source, record_ledger
+from pipelines.lake.reference import ReferenceKey, read_reference, record_reference
 from pipelines.lake.query import connect
 from pipelines.adapters.store import AdapterStore
 from pipelines.train.batch import TrainTurn
@@ -89,6 +91,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     from pipelines.train.branch import choose_parent
     from pipelines.train.replay import prioritize, replay_pool, use_stats
     from pipelines.train.plots import log_reward_plot
+    from pipelines.train.device import place
     from pipelines.train.step import train_step
 
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] learner/train/gate settings
@@ -128,12 +131,16 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                        max_depth=lc.branch_max_depth, registry_tags=registry_tags)
     parent_n = bp.parent_version
     base = resolve_base_model(cfg.train.base_model, cfg.home)
+    base_hash = base_model_hash(base)
+    ref_key = ReferenceKey(base_hash, place(cfg.train).precision)
+    kept_refs = read_reference(cfg.lake, tenant, task, ref_key, [t.turn_id for t in batch])
     spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in batch])
     started = time.time()
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, bp.parent.path if bp.parent else None, batch, cfg.train, Path(tmp) / "adapter",
                           seed=cfg.train.seed, current_version=parent_n or 0,
-                          task_baselines=bp.task_baselines or None, optimizer_state=bp.optimizer_state)
+                          task_baselines=bp.task_baselines or None, optimizer_state=bp.optimizer_state,
+                          reference=kept_refs)
         window = {"turns": len(turns), "replayed_turns": len(replayed), "trained_turns": len(step.turn_ids),
                   "excluded_eval_turns": result.excluded_eval_turns,
                   "turn_ids": [t.turn_id for t in turns], "replayed_turn_ids": [p.turn.turn_id for p in replayed],
@@ -150,7 +157,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
             mlflow.log_metrics({k: v for k, v in replay.items() if k.startswith("replay.")})
             mlflow.log_dict({**step.summary, "replay": replay, "branch": bp.meta()}, "summary.json")
             version = store.publish(tenant, task, step.adapter_dir, {
-                "parent_version": parent_n, "base_model_hash": base_model_hash(base),
+                "parent_version": parent_n, "base_model_hash": base_hash,
                 "data_window": window, "reward_spec_version": spec_versions,
                 "config": cfg.train.to_dict(), "metrics": step.steps[-1] if step.steps else {},
                 "mlflow_run_id": run.info.run_id, "branch": bp.meta(),
@@ -163,6 +170,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                 mlflow.log_metric("live_reward_by_version", p.mean, step=p.version)
             mlflow.set_tags({"adapter_version": version.version,
                              "mlflow.runName": f"learner {tenant}/{task} v{version.version}"})
+    # computed once, read by every later use of the turn (replays, later iterations)
+    record_reference(cfg.lake, tenant, task, ref_key, step.reference, f"v{version.version}")
     record_ledger(cfg.lake, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
                    version.version, [1] * len(turns) + [p.uses + 1 for p in replayed],
                    [t.weight for t in batch])

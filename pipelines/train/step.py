@@ -8,8 +8,9 @@ Reads top to bottom like nanoGPT's loop. Phases, in order:
      turn's own replay weight;
   3. advantages (policy gradient) or desirable labels (KTO); drop samples with no signal;
   4. ``steps_per_iteration`` optimizer steps, each over its slice of the batch, in micro-batches:
-     reference logprobs from the SAME model with adapters disabled (no grad), then the policy
-     forward -> token logprobs; loss from the pure functions in ``losses``; backward;
+     reference logprobs (read from the lake when a turn's are kept there, else from the SAME model
+     with adapters disabled, no grad, and returned to be kept), then the policy forward -> token
+     logprobs; loss from the pure functions in ``losses``; backward;
      then clip, AdamW step, log. Both forwards apply the LM head only at the positions whose
      next token is an output token (:func:`output_logprobs`): the loss never reads the others.
      Micro-batches are cut from the step's turns sorted by length (least padding), and the tokens
@@ -25,13 +26,15 @@ from __future__ import annotations
 
 import math
 import resource
+from collections import ChainMap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from pipelines.adapters.store import write_folder_atomically
 from pipelines.adapters.version import parse_version
+from pipelines.lake.reference import Reference, ids_digest
 from pipelines.train.batch import EncodedTurn, TrainTurn, collate, encode_turns
 from pipelines.train.device import place
 from pipelines.config.train import KTOObjective, TrainConfig
@@ -45,6 +48,8 @@ class StepResult:
     summary: dict[str, Any]  # data counts, timings, final metrics
     task_baselines: dict[Hashable, float] = field(default_factory=dict)  # feed to the next call
     turn_ids: list[str] = field(default_factory=list)  # the turns that carried signal
+    reference: dict[str, Reference] = field(default_factory=dict)  # computed here, to keep (lake/reference.py)
+    precision: str = "fp32"  # the forwards' precision: part of a kept reference's key
 
 
 def build_policy(base_model_path: Path, parent_adapter_dir: Path | None, cfg: TrainConfig, seed: int):
@@ -162,6 +167,32 @@ def output_logprobs(model, input_ids, attention_mask, loss_mask, *, head_only_wh
     return picked.new_zeros(scored.shape).index_put((rows, cols), picked)
 
 
+def usable_reference(e: EncodedTurn, reference: Mapping[str, Reference] | None) -> Reference | None:
+    """The turn's kept reference if it was computed on exactly these ids, else None."""
+    r = (reference or {}).get(e.turn.turn_id)
+    if r is None or len(r.logprobs) != len(e.output_ids) or r.ids_digest != ids_digest(e.prompt_ids, e.output_ids):
+        return None
+    return r
+
+
+def reference_tensor(refs: Sequence[Reference], loss_mask):
+    """Kept references as ``output_logprobs`` returns them: ``[B, T-1]``, each row's values at its
+    output positions in order, 0 elsewhere."""
+    import torch
+
+    scored = loss_mask[:, 1:] > 0
+    rows, cols = scored.nonzero(as_tuple=True)  # row-major: a row's output positions in order
+    values = torch.tensor([x for r in refs for x in r.logprobs], dtype=torch.float32, device=loss_mask.device)
+    return torch.zeros(scored.shape, dtype=torch.float32, device=loss_mask.device).index_put((rows, cols), values)
+
+
+def reference_rows(ref_lp, loss_mask) -> list[list[float]]:
+    """Each row's reference logprobs at its output positions (the inverse of :func:`reference_tensor`)."""
+    scored = (loss_mask[:, 1:] > 0).cpu()
+    lp = ref_lp.detach().float().cpu()
+    return [lp[b][scored[b]].tolist() for b in range(lp.shape[0])]
+
+
 def fp32_logprobs(head, hidden, targets):
     """The LM head and log-softmax in fp32 even inside a bf16 autocast (device.py says why)."""
     import torch
@@ -216,6 +247,7 @@ def train_step(
     current_version: int | None = None,
     task_baselines: dict[Hashable, float] | None = None,
     optimizer_state: Path | None = None,
+    reference: Mapping[str, Reference] | None = None,
 ) -> StepResult:
     """Train the adapter on ``turns`` and save it to ``out_dir`` (must not exist).
 
@@ -224,6 +256,10 @@ def train_step(
     ``task_baselines``: running per-task reward baselines from the previous call.
     ``optimizer_state``: the parent's ``optimizer.safetensors`` (AdamW moments and step count) to
     continue from; None starts a fresh AdamW. Saved again beside the new adapter either way.
+    ``reference``: kept reference logprobs by turn id, computed on this base in this precision
+    (``read_reference``); a turn's are used when its ids' digest and length match, so a micro-batch
+    whose every row has them skips the reference forward. The ones computed here are returned in
+    ``StepResult.reference``.
     """
     import torch
 
@@ -309,12 +345,14 @@ def train_step(
         summary["optimizer_resumed_step"] = float(load_optimizer_state(optimizer, optimizer_state)
                                                   if optimizer_state is not None else 0)
         steps: list[dict[str, float]] = []
+        computed: dict[str, Reference] = {}
+        known = ChainMap(computed, dict(reference or {}))  # a small batch's later epochs read their own
         for step, idx in enumerate(_slices(len(kept), opt_cfg.steps_per_iteration, gen) if kept else []):
             t0 = time.perf_counter()
             # micro-batches cut in micro_batch_key order (least padding); the gradient is their sum either way
             idx = sorted(idx, key=lambda i: micro_batch_key(kept[i][0]))
             step_tokens = sum(len(kept[i][0].output_ids) for i in idx)
-            acc: dict[str, float] = {"loss": 0.0, "kl_tok": 0.0, "ratio_tok": 0.0, "clip_tok": 0.0,
+            acc: dict[str, float] = {"reference_read": 0.0, "loss": 0.0, "kl_tok": 0.0, "ratio_tok": 0.0, "clip_tok": 0.0,
                                      "ratio_max": -math.inf, "ratio_min": math.inf, "missing_behaviour": 0.0,
                                      "positions": 0.0, "prefix_reused": 0.0, "real_positions": 0.0}
             optimizer.zero_grad(set_to_none=True)
@@ -329,9 +367,22 @@ def train_step(
                 # (and reused) before the policy forward holds its activations for the backward.
                 # the rows' common prefix, run once in both forwards (0 on the full-logits path)
                 prefix = shared_prefix_len(batch.input_ids, batch.attention_mask, batch.loss_mask) if share else 0
-                with torch.no_grad(), model.disable_adapter(), placement.autocast():
-                    ref_lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask,
-                                             prefix=prefix)
+                rows = [kept[i][0] for i in mb]
+                refs = [usable_reference(e, known) for e in rows]
+                acc["reference_read"] += sum(r is not None for r in refs)
+                missing = [j for j, r in enumerate(refs) if r is None]
+                if missing:  # only the rows without a kept reference run the reference forward
+                    sub = batch if len(missing) == len(rows) else \
+                        collate([rows[j] for j in missing], pad_id).to(placement.device)
+                    sub_prefix = prefix if sub is batch else (
+                        shared_prefix_len(sub.input_ids, sub.attention_mask, sub.loss_mask) if share else 0)
+                    with torch.no_grad(), model.disable_adapter(), placement.autocast():
+                        sub_lp = output_logprobs(model, sub.input_ids, sub.attention_mask, sub.loss_mask,
+                                                 prefix=sub_prefix)
+                    for j, lp_row in zip(missing, reference_rows(sub_lp, sub.loss_mask)):
+                        e = rows[j]
+                        refs[j] = computed[e.turn.turn_id] = Reference(ids_digest(e.prompt_ids, e.output_ids), lp_row)
+                ref_lp = sub_lp if len(missing) == len(rows) else reference_tensor(refs, batch.loss_mask)
                 # policy forward: logits at t-1 score the token at t (LM head on scored rows only)
                 with placement.autocast():
                     lp = output_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask, prefix=prefix)
@@ -382,7 +433,9 @@ def train_step(
                 "adv_mean": float(sig_t.mean()), "adv_std": float(sig_t.std(unbiased=False)),
                 "ratio_mean": acc["ratio_tok"] / tok, "ratio_max": acc["ratio_max"], "ratio_min": acc["ratio_min"],
                 "clip_frac": acc["clip_tok"] / tok, "kl": acc["kl_tok"] / tok, "grad_norm": grad_norm,
-                "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr, "bc_loss": acc.get("bc_loss", 0.0),
+                "missing_behaviour": acc["missing_behaviour"], "lr": opt_cfg.lr,
+                # samples whose reference logprobs were read (kept in the lake), not recomputed
+                "reference_read": acc["reference_read"], "bc_loss": acc.get("bc_loss", 0.0),
                 # share of positions each forward did not recompute: the micro-batch's common prefix
                 # ran once (output_logprobs); 0 on models without the decoder/head split
                 "prefix_reuse_frac": acc["prefix_reused"] / max(acc["positions"], 1.0),
@@ -409,4 +462,6 @@ def train_step(
                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0})
     if steps:
         summary.update({f"final_{k}": steps[-1][k] for k in ("loss", "kl", "ratio_mean", "grad_norm")})
-    return StepResult(out_dir, steps, summary, baselines, [e.turn.turn_id for e, _ in kept])
+    summary["reference_computed"] = float(len(computed))
+    return StepResult(out_dir, steps, summary, baselines, [e.turn.turn_id for e, _ in kept], computed,
+                      placement.precision)

@@ -218,6 +218,8 @@ def test_replayed_turns_train_again_with_decaying_weight_until_their_uses_are_sp
     r2 = run_learner(cfg, TENANT, TASK)
     assert r2.new_turns == 4 and r2.replayed_turns == 4  # the first window, once more
     assert r2.metrics["replay.uses_max"] == 2.0 and r2.metrics["replay.weight_mean"] == pytest.approx(0.5 ** 0.5)
+    # the replayed turns' reference logprobs were kept by their first use: read, not recomputed
+    assert (r1.metrics["reference_read"], r2.metrics["reference_read"]) == (0, 4)
     traffic()
     r3 = run_learner(cfg, TENANT, TASK)
     assert r3.replayed_turns == 8 and r3.metrics["replay.uses_max"] == 3.0
