@@ -8,11 +8,15 @@ whatever tracerl.toml says; the shipped default is off, docs/canary.md says why)
    learner -> gate -> deployment), as `make demo` runs them, until a candidate passes the offline
    gate and the off-policy estimate: it becomes the registry's `challenger` (status canary) and
    `deployment` starts its canary in the gateway.
-2. **A deliberately bad one.** The new champion's update applied backwards
-   (pipelines/loop/backwards.py: to first order, trained on inverted rewards), gated offline like
-   any candidate (`tracerl gate`). Whatever the gate says, the operator starts its canary
-   (`/admin/canary`, what `tracerl canary start` calls): the canary is the line of defence for
-   what offline evals miss, so the demo shows it holding.
+2. **A deliberately bad one.** The new champion with a share of its update taken back
+   (pipelines/loop/backwards.py: a step back along the update, the way inverted rewards push it),
+   gated offline like any candidate (`tracerl gate`). The demo looks for the worst such candidate
+   the offline gate cannot call worse than the champion: it tries the shares of
+   `CanaryDemoConfig.take_back` in order, largest first, and keeps the first whose one-sided upper
+   bound on the primary suite's difference is >= 0 (the gate rejects it only for want of a
+   significant gain: it nearly passes), else the last tried. Whatever the gate says, the operator
+   starts its canary (`/admin/canary`, what `tracerl canary start` calls): the canary is the line of
+   defence for what offline evals miss, so the demo shows it holding.
 
 Each canary then runs in rounds: simulated users' sessions (the gateway splits them, sticky per
 conversation); `ingest_job`, `reward_job` and `canary_job` run in process (the jobs the schedules
@@ -52,7 +56,15 @@ class CanaryDemoConfig:
     min_sessions: int = 20
     t_opt: int = 200
     max_rounds: int = 12          # canary rounds before the demo stops waiting (the canary goes on)
-    bad_scale: float = 1.0        # the share of the good update the bad candidate reverses (< 1: a little worse)
+    take_back: tuple[float, ...] = (0.75, 0.5, 0.3)
+    """Shares of the champion's update the bad candidate takes back, tried in order (2 = the whole
+    update reversed, 1.5 half of it reversed); the first the offline gate cannot call worse is canaried."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "take_back", tuple(float(k) for k in self.take_back))
+        if not self.take_back or any(not k > 0 or k == 1 for k in self.take_back):
+            raise ValueError(f"take_back={self.take_back}: give one or more shares, each > 0 and not 1 "
+                             "(1 is the base model)")
 
     def target_entry(self) -> dict[str, Any]:
         return {"canary": {"enabled": True, "share": self.share, "min_sessions": self.min_sessions,
@@ -80,6 +92,7 @@ class CanaryReport:
     how: str                                      # how it entered the canary
     rounds: list[CanaryRound] = field(default_factory=list)
     gate: dict[str, Any] | None = None            # the offline gate's summary, when it was gated here
+    tried: list[dict[str, Any]] = field(default_factory=list)  # bad candidates gated before this one
 
     @property
     def action(self) -> str:
@@ -149,21 +162,48 @@ def good_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, d
                         f"no candidate passed the offline gate in {lc.iterations} iterations")
 
 
+def primary_bounds(summary: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(delta, lower, upper bound) of the gate's primary suite, candidate - champion; None if absent."""
+    for suite in (summary.get("suites") or {}).values():
+        if suite.get("role") == "primary":
+            return suite["delta"], suite["low"], suite["high"]
+    return None
+
+
+def nearly_passes(summary: dict[str, Any]) -> bool:
+    """The offline gate could not call the candidate worse than the champion: the one-sided upper
+    bound of the primary suite's difference is >= 0 (it was rejected, if at all, for want of a gain)."""
+    bounds = primary_bounds(summary)
+    return summary.get("outcome") == "promote" or (bounds is not None and bounds[2] >= 0)
+
+
+def gate_line(take_back: float, version: int, summary: dict[str, Any]) -> str:
+    b = primary_bounds(summary)
+    where = f"delta {b[0]:+.3f} in [{b[1]:+.3f}, {b[2]:+.3f}]" if b else "; ".join(summary.get("reasons") or [])[:200]
+    return (f"take back {take_back:g} -> v{version}: gate {summary['outcome']}, {where}"
+            f"{' (nearly passes)' if nearly_passes(summary) else ''}")
+
+
 def bad_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, dc: CanaryDemoConfig,
                reverse: int, instance: dg.DagsterInstance, log: Callable[[str], None]) -> CanaryReport:
-    """Adapter ``reverse`` applied backwards, gated offline, then canaried by the operator."""
+    """The worst step back from adapter ``reverse`` that the offline gate cannot call worse (of
+    ``dc.take_back``, else the last tried), then canaried: by the gate if it passed, else by the operator."""
     from pipelines.adapters import promote, registry
     from pipelines.deploy.service import canary
     from pipelines.gate.run import gate_version
-    from pipelines.loop.backwards import publish_backwards
+    from pipelines.loop.backwards import describe, publish_backwards
 
     settings = resource.load()
-    bad = publish_backwards(settings, lc.tenant, lc.task, reverse, scale=dc.bad_scale)
-    log(f"[bad] v{bad}: adapter v{reverse}'s update applied backwards (scale {dc.bad_scale:g}); the offline gate "
-        "first (`tracerl gate`)")
-    summary = gate_version(settings, lc.tenant, lc.task, bad, who="demo")
-    log(f"[bad] gate: {summary['outcome']}{' (entered the canary)' if summary.get('canary') else ''}: "
-        f"{'; '.join(summary.get('reasons') or [])[:400]}")
+    tried: list[dict[str, Any]] = []
+    for kappa in dc.take_back:
+        bad = publish_backwards(settings, lc.tenant, lc.task, reverse, take_back=kappa)
+        log(f"[bad] v{bad}: {describe(reverse, kappa)}; the offline gate first (`tracerl gate`)")
+        summary = gate_version(settings, lc.tenant, lc.task, bad, who="demo")
+        tried.append({"take_back": kappa, "version": bad, "outcome": summary["outcome"],
+                      "bounds": primary_bounds(summary), "nearly_passes": nearly_passes(summary)})
+        log(f"[bad] {gate_line(kappa, bad, summary)}: {'; '.join(summary.get('reasons') or [])[:400]}")
+        if nearly_passes(summary):
+            break
     champion = registry.adapter_for_alias(cfg, lc.tenant, lc.task, registry.CHAMPION)
     mv = promote.canary_version(cfg, lc.tenant, lc.task)
     if mv is not None and registry.version_for_adapter(cfg, lc.tenant, lc.task, bad).version == mv.version:
@@ -171,10 +211,11 @@ def bad_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, dc
     else:
         why = f"demo: the operator overrides the gate ({summary['outcome']}) to show the canary catching it"
         out = canary(cfg, "start", lc.tenant, lc.task, version=bad, share=dc.share, who="demo-operator", why=why)
-        how = f"gate said {summary['outcome']}; started by the operator (/admin/canary): {out.get('registry', '')}"
+        how = (f"gate said {summary['outcome']}{' but could not call it worse' if nearly_passes(summary) else ''}; "
+               f"started by the operator (/admin/canary): {out.get('registry', '')}")
     log(f"[bad] canary: v{bad} vs v{champion} at {dc.share:.0%} of conversations ({how})")
     report = CanaryReport("bad", bad, champion, how, gate={k: summary.get(k) for k in (
-        "outcome", "reasons", "eval_candidate", "eval_champion", "canary", "offpolicy")})
+        "outcome", "reasons", "eval_candidate", "eval_champion", "canary", "offpolicy", "suites")}, tried=tried)
     return run_canary(cfg, resource, lc, dc, report, instance, log, first_round=100)
 
 
@@ -186,6 +227,11 @@ def format_canary_report(reports: list[CanaryReport], swaps: dict[str, Any]) -> 
         lines.append(f"{r.label:<6} {('v' + str(r.challenger)) if r.challenger else '-':>10} "
                      f"{('v' + str(r.champion)) if r.champion else '-':>8} {len(r.rounds):>6} {sessions:>8} "
                      f"{r.failed:>6}  {r.action}")
+        for t in r.tried:
+            b = t["bounds"]
+            lines.append(f"       gated: take back {t['take_back']:g} -> v{t['version']}: {t['outcome']}"
+                         + (f", delta {b[0]:+.3f} in [{b[1]:+.3f}, {b[2]:+.3f}]" if b else "")
+                         + (" (nearly passes)" if t["nearly_passes"] else ""))
         lines.append(f"       entered: {r.how}")
         if r.rounds:
             lines.append(f"       decided: {r.rounds[-1].summary}")
@@ -255,7 +301,7 @@ def run_canary_demo(cfg: TracerlConfig, lc: LoopConfig, dc: CanaryDemoConfig = C
 
 
 def main(cfg: TracerlConfig, iterations: int = 3, fresh: bool = False, keep: bool = False,
-         bad_scale: float = 1.0) -> int:
-    reports = run_canary_demo(cfg, LoopConfig(iterations=iterations), CanaryDemoConfig(bad_scale=bad_scale),
+         take_back: tuple[float, ...] = CanaryDemoConfig.take_back) -> int:
+    reports = run_canary_demo(cfg, LoopConfig(iterations=iterations), CanaryDemoConfig(take_back=take_back),
                               fresh=fresh, stop_after=not keep)
     return 0 if all(r.failed == 0 for r in reports) else 1

@@ -87,6 +87,17 @@ def cmd_simulate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
         t = TrafficConfig(**{**t.__dict__, "seed": t.seed + 1})
 
 
+def _shares(text: str) -> tuple[float, ...]:
+    """argparse type of --bad-take-back: comma-separated numbers, each > 0 and not 1."""
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.75,0.5,0.3") from None
+    if not out or any(not k > 0 or k == 1 for k in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: each share must be > 0 and not 1 (1 is the base model)")
+    return out
+
+
 def _operator_action(action: str, run) -> int:
     """Run an operator action (pipelines/deploy/operations.py); 2 = refused, 1 = the swap failed."""
     from pipelines.deploy.operations import Refused
@@ -314,7 +325,8 @@ def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     if args.canary:
         from assets.canary_demo import main
 
-        return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep, bad_scale=args.bad_scale)
+        return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep,
+                    take_back=tuple(args.bad_take_back))
     from assets.demo import main as loop_demo  # drives the Dagster job, so it lives beside the assets
 
     return loop_demo(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
@@ -531,9 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the canary's demo instead: a good candidate promoted through a canary, a deliberately "
                         "bad one (an update applied backwards) rolled back by it; --iterations bounds the loop "
                         "iterations spent finding the good one")
-    s.add_argument("--bad-scale", type=float, default=1.0,
-                   help="with --canary: how much of the good candidate's update the bad one reverses (1 = all of "
-                        "it; less makes a candidate only a little worse, closer to passing the offline gate)")
+    s.add_argument("--bad-take-back", type=_shares, default=(0.75, 0.5, 0.3), metavar="K[,K...]",
+                   help="with --canary: shares of the good candidate's update the bad one takes back, tried in "
+                        "order until the offline gate cannot call one worse than the champion (default "
+                        "0.75,0.5,0.3; 2 reverses the whole update, 1.5 half of it)")
     s.set_defaults(fn=cmd_demo)
     s = sub.add_parser("loop", help="one iteration of the closed-loop Dagster job for one tenant/task, "
                                     "in this process (DAGSTER_HOME); prints the candidate, the gate's decision "

@@ -368,7 +368,7 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
                     "offpolicy": _finite(r.offpolicy.to_dict()) if r.offpolicy is not None else None,
                     "suites": {v.suite: {"role": v.role, "candidate": v.stats.candidate_mean,
                                          "champion": v.stats.champion_mean, "delta": v.stats.delta,
-                                         "low": v.stats.low, "passed": v.passed, "mde": v.mde,
+                                         "low": v.stats.low, "high": v.stats.high, "passed": v.passed, "mde": v.mde,
                                          "samples_per_item": v.samples, "looks": len(v.looks)}
                                for v in r.decision.verdicts},
                     "signatures": {g.name: {"candidate": g.candidate, "champion": g.champion, "blocked": g.blocked}

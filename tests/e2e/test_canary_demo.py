@@ -107,14 +107,20 @@ def test_an_operator_canary_runs_in_rounds_of_dagster_runs_and_its_decision_is_c
         canary(cfg, "stop", "acme", "concise", who="test", why="the next test's canary")
 
 
-def test_the_bad_candidate_is_v2_backwards_gated_then_canaried(served):
+def test_the_bad_candidate_is_a_step_back_from_v2_gated_until_one_nearly_passes_then_canaried(served):
     from assets.canary_demo import bad_canary, format_canary_report, gateway_counts
     from pipelines.adapters.store import AdapterStore
 
     cfg, resource, lc, dc, instance = served
     report = bad_canary(cfg, resource, lc, dc, 2, instance, print)
     bad = AdapterStore(cfg.adapter_root).get("acme", "concise", report.challenger)
-    assert report.challenger == 3 and bad.meta["parent_version"] == 2
+    # Gated in order until one nearly passes (else the last tried); each a new version whose parent is v2.
+    assert [t["version"] for t in report.tried] == list(range(3, 3 + len(report.tried)))
+    assert [t["take_back"] for t in report.tried] == list(dc.take_back[:len(report.tried)])
+    assert not any(t["nearly_passes"] for t in report.tried[:-1])
+    assert report.tried[-1]["nearly_passes"] or len(report.tried) == len(dc.take_back)
+    assert report.challenger == report.tried[-1]["version"] and bad.meta["parent_version"] == 2
+    assert bad.meta["config"]["take_back"] == report.tried[-1]["take_back"]
     assert report.gate["outcome"] in ("promote", "reject") and report.gate["reasons"]
     assert ("operator" in report.how) != bool(report.gate["canary"])  # the gate's canary, or the operator's
     assert report.rounds and all(r.failed == 0 and r.probe_failed == 0 for r in report.rounds)
@@ -122,4 +128,4 @@ def test_the_bad_candidate_is_v2_backwards_gated_then_canaried(served):
     counts = gateway_counts(cfg, "acme", "concise", "2000")
     assert counts["failed_requests_during_swaps"] == 0 and counts["actions"]
     text = format_canary_report([report], counts)
-    assert "bad" in text and f"v{report.challenger}" in text and "0 failed of" in text
+    assert "bad" in text and f"v{report.challenger}" in text and "0 failed of" in text and "gated: take back" in text
