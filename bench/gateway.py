@@ -1,7 +1,7 @@
 """Gateway overhead: throughput through the gateway versus straight to vLLM, same load, one run.
 
 Starts embedded Kafka, vLLM (tiny model, CPU fp32) and the gateway (its own process) on
-127.0.0.1. 20 concurrent clients, identical requests (chat, 16 tokens with ignore_eos,
+127.0.0.1. 20 concurrent clients, identical requests (chat, up to 16 tokens,
 logprobs and token ids: what the gateway asks vLLM for anyway), alternating phases
 direct / gateway / direct / gateway so drift hits both sides alike. The gateway side also
 records every turn to Kafka.
