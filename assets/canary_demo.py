@@ -61,10 +61,11 @@ class CanaryDemoConfig:
     update reversed, 1.5 half of it reversed); the first the offline gate cannot call worse is canaried."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "take_back", tuple(float(k) for k in self.take_back))
-        if not self.take_back or any(not k > 0 or k == 1 for k in self.take_back):
-            raise ValueError(f"take_back={self.take_back}: give one or more shares, each > 0 and not 1 "
-                             "(1 is the base model)")
+        from pipelines.loop.backwards import check_take_back
+
+        if not self.take_back:
+            raise ValueError("take_back=(): give one or more shares, each > 0 and not 1 (1 is the base model)")
+        object.__setattr__(self, "take_back", tuple(check_take_back(k) for k in self.take_back))
 
     def target_entry(self) -> dict[str, Any]:
         return {"canary": {"enabled": True, "share": self.share, "min_sessions": self.min_sessions,
@@ -177,11 +178,12 @@ def nearly_passes(summary: dict[str, Any]) -> bool:
     return summary.get("outcome") == "promote" or (bounds is not None and bounds[2] >= 0)
 
 
-def gate_line(take_back: float, version: int, summary: dict[str, Any]) -> str:
-    b = primary_bounds(summary)
-    where = f"delta {b[0]:+.3f} in [{b[1]:+.3f}, {b[2]:+.3f}]" if b else "; ".join(summary.get("reasons") or [])[:200]
-    return (f"take back {take_back:g} -> v{version}: gate {summary['outcome']}, {where}"
-            f"{' (nearly passes)' if nearly_passes(summary) else ''}")
+def gate_line(tried: dict[str, Any]) -> str:
+    """One gated bad candidate (an entry of `CanaryReport.tried`), for the log and the report."""
+    b = tried["bounds"]
+    return (f"take back {tried['take_back']:g} -> v{tried['version']}: {tried['outcome']}"
+            + (f", delta {b[0]:+.3f} in [{b[1]:+.3f}, {b[2]:+.3f}]" if b else "")
+            + (" (nearly passes)" if tried["nearly_passes"] else ""))
 
 
 def bad_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, dc: CanaryDemoConfig,
@@ -201,8 +203,8 @@ def bad_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, dc
         summary = gate_version(settings, lc.tenant, lc.task, bad, who="demo")
         tried.append({"take_back": kappa, "version": bad, "outcome": summary["outcome"],
                       "bounds": primary_bounds(summary), "nearly_passes": nearly_passes(summary)})
-        log(f"[bad] {gate_line(kappa, bad, summary)}: {'; '.join(summary.get('reasons') or [])[:400]}")
-        if nearly_passes(summary):
+        log(f"[bad] gate: {gate_line(tried[-1])}: {'; '.join(summary.get('reasons') or [])[:400]}")
+        if tried[-1]["nearly_passes"]:
             break
     champion = registry.adapter_for_alias(cfg, lc.tenant, lc.task, registry.CHAMPION)
     mv = promote.canary_version(cfg, lc.tenant, lc.task)
@@ -211,7 +213,7 @@ def bad_canary(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, dc
     else:
         why = f"demo: the operator overrides the gate ({summary['outcome']}) to show the canary catching it"
         out = canary(cfg, "start", lc.tenant, lc.task, version=bad, share=dc.share, who="demo-operator", why=why)
-        how = (f"gate said {summary['outcome']}{' but could not call it worse' if nearly_passes(summary) else ''}; "
+        how = (f"gate said {summary['outcome']}{' but could not call it worse' if tried[-1]['nearly_passes'] else ''}; "
                f"started by the operator (/admin/canary): {out.get('registry', '')}")
     log(f"[bad] canary: v{bad} vs v{champion} at {dc.share:.0%} of conversations ({how})")
     report = CanaryReport("bad", bad, champion, how, gate={k: summary.get(k) for k in (
@@ -227,11 +229,7 @@ def format_canary_report(reports: list[CanaryReport], swaps: dict[str, Any]) -> 
         lines.append(f"{r.label:<6} {('v' + str(r.challenger)) if r.challenger else '-':>10} "
                      f"{('v' + str(r.champion)) if r.champion else '-':>8} {len(r.rounds):>6} {sessions:>8} "
                      f"{r.failed:>6}  {r.action}")
-        for t in r.tried:
-            b = t["bounds"]
-            lines.append(f"       gated: take back {t['take_back']:g} -> v{t['version']}: {t['outcome']}"
-                         + (f", delta {b[0]:+.3f} in [{b[1]:+.3f}, {b[2]:+.3f}]" if b else "")
-                         + (" (nearly passes)" if t["nearly_passes"] else ""))
+        lines += [f"       gated: {gate_line(t)}" for t in r.tried]
         lines.append(f"       entered: {r.how}")
         if r.rounds:
             lines.append(f"       decided: {r.rounds[-1].summary}")
@@ -301,7 +299,8 @@ def run_canary_demo(cfg: TracerlConfig, lc: LoopConfig, dc: CanaryDemoConfig = C
 
 
 def main(cfg: TracerlConfig, iterations: int = 3, fresh: bool = False, keep: bool = False,
-         take_back: tuple[float, ...] = CanaryDemoConfig.take_back) -> int:
-    reports = run_canary_demo(cfg, LoopConfig(iterations=iterations), CanaryDemoConfig(take_back=take_back),
+         take_back: tuple[float, ...] | None = None) -> int:
+    dc = CanaryDemoConfig() if take_back is None else CanaryDemoConfig(take_back=take_back)
+    reports = run_canary_demo(cfg, LoopConfig(iterations=iterations), dc,
                               fresh=fresh, stop_after=not keep)
     return 0 if all(r.failed == 0 for r in reports) else 1

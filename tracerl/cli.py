@@ -88,13 +88,15 @@ def cmd_simulate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 
 def _shares(text: str) -> tuple[float, ...]:
-    """argparse type of --bad-take-back: comma-separated numbers, each > 0 and not 1."""
+    """argparse type of --bad-take-back: comma-separated numbers, each a share `check_take_back` accepts."""
+    from pipelines.loop.backwards import check_take_back
+
     try:
-        out = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated numbers, e.g. 0.75,0.5,0.3") from None
-    if not out or any(not k > 0 or k == 1 for k in out):
-        raise argparse.ArgumentTypeError(f"{text!r}: each share must be > 0 and not 1 (1 is the base model)")
+        out = tuple(check_take_back(float(x)) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}; give comma-separated shares, e.g. 0.75,0.5,0.3") from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more comma-separated shares, e.g. 0.75,0.5,0.3")
     return out
 
 
@@ -325,8 +327,7 @@ def cmd_demo(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     if args.canary:
         from assets.canary_demo import main
 
-        return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep,
-                    take_back=tuple(args.bad_take_back))
+        return main(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep, take_back=args.bad_take_back)
     from assets.demo import main as loop_demo  # drives the Dagster job, so it lives beside the assets
 
     return loop_demo(cfg, iterations=args.iterations, fresh=args.fresh, keep=args.keep)
@@ -543,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the canary's demo instead: a good candidate promoted through a canary, a deliberately "
                         "bad one (an update applied backwards) rolled back by it; --iterations bounds the loop "
                         "iterations spent finding the good one")
-    s.add_argument("--bad-take-back", type=_shares, default=(0.75, 0.5, 0.3), metavar="K[,K...]",
+    s.add_argument("--bad-take-back", type=_shares, default=None, metavar="K[,K...]",
                    help="with --canary: shares of the good candidate's update the bad one takes back, tried in "
                         "order until the offline gate cannot call one worse than the champion (default "
                         "0.75,0.5,0.3; 2 reverses the whole update, 1.5 half of it)")

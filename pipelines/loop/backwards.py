@@ -27,14 +27,20 @@ from pipelines.config import TracerlConfig
 WEIGHTS = "adapter_model.safetensors"
 
 
+def check_take_back(take_back: float) -> float:
+    """``take_back`` if it names a bad candidate, else ValueError: 0 is the adapter itself, 1 the base model."""
+    if not take_back > 0 or take_back == 1:
+        raise ValueError(f"take_back={take_back}: must be > 0 and not 1 (0 is the adapter itself, 1 the base "
+                         f"model; 2 reverses the whole update)")
+    return float(take_back)
+
+
 def reverse_update(src: Path, dest: Path, take_back: float = 2.0) -> int:
     """Copy the PEFT folder ``src`` to ``dest`` with every ``lora_B`` tensor times ``1 - take_back``;
     how many tensors."""
     from safetensors.torch import load_file, save_file
 
-    if not take_back > 0 or take_back == 1:
-        raise ValueError(f"take_back={take_back}: must be > 0 and not 1 (0 is the adapter itself, 1 the base "
-                         f"model; 2 reverses the whole update)")
+    check_take_back(take_back)
     shutil.copytree(src, dest)
     tensors = load_file(str(Path(src) / WEIGHTS))
     flipped = [k for k in tensors if ".lora_B." in k]
