@@ -4,16 +4,20 @@ Produces >= 200k realistic trace events to the embedded broker, then measures
 (a) a bare consumer that only decodes JSON, and (b) the full exactly-once
 ingest (validate, dedupe, Parquet zstd, fsync, manifest, offset commit).
 Both read the same topic with their own consumer group; both clocks start at
-the first record, so the fixed group-join wait is excluded from both.
+the first record, so the fixed group-join wait is excluded from both. They run
+alternately, ROUNDS times each (every ingest round into an empty lake): the bare
+loop alone varied 29-35k events/s from run to run on the 2 shared cores, so one
+pair of runs says little; the last line is the median of the rounds' ratios.
 
     .venv/bin/python bench/ingest.py
-Last line: ingest_vs_raw_ratio=<x>   (target >= 0.7)
+Last line: ingest_vs_raw_ratio=<median>   (target >= 0.9, #17)
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -28,13 +32,14 @@ from pipelines.ingest.sample import generate  # noqa: E402
 from pipelines.services.kafka import client_options, start_broker, stop_broker  # noqa: E402
 
 MIN_EVENTS = 200_000
+ROUNDS = 3
 
 
-def raw_consume(cfg: TracerlConfig, n: int) -> float:
+def raw_consume(cfg: TracerlConfig, n: int, group: str = "bench-raw") -> float:
     """Events/s of a consume loop that does nothing but json.loads."""
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(cfg.kafka.topic, **client_options(cfg), group_id="bench-raw", enable_auto_commit=False,
+    c = KafkaConsumer(cfg.kafka.topic, **client_options(cfg), group_id=group, enable_auto_commit=False,
                       auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=2000,
                       max_poll_records=cfg.ingest.max_poll_records, max_partition_fetch_bytes=8 << 20,
                       fetch_max_bytes=64 << 20)
@@ -68,17 +73,20 @@ def main() -> None:
         mb = sum(len(json.dumps(e.to_dict())) for e in events[:5000]) / 5000 * n / 1e6
         print(f"produced {n} events (~{mb:.0f} MB JSON) to {state.bootstrap} in {time.monotonic() - t:.1f}s")
 
-        raw_eps = raw_consume(cfg, n)
-        print(f"(a) bare kafka-python consume + json.loads: {raw_eps:,.0f} events/s")
-
-        r = run_ingest(cfg, max_events=n)
-        assert r.landed == n and r.quarantined == 0, r
-        work = r.timings["poll"] + r.timings["land"] + r.timings["commit"]
-        ingest_eps = n / work
-        print(f"(b) full ingest to Parquet, exactly once: {ingest_eps:,.0f} events/s "
-              f"(poll+validate {r.timings['poll']:.1f}s, land {r.timings['land']:.1f}s, "
-              f"commit {r.timings['commit']:.2f}s; {len(r.files)} files)")
-        print(f"ingest_vs_raw_ratio={ingest_eps / raw_eps:.2f}")
+        ratios = []
+        for i in range(ROUNDS):
+            raw_eps = raw_consume(cfg, n, group=f"bench-raw-{i}")
+            print(f"round {i + 1} (a) bare kafka-python consume + json.loads: {raw_eps:,.0f} events/s")
+            cfg.lake_root = home / f"lake-{i}"
+            r = run_ingest(cfg, max_events=n, group_id=f"bench-ingest-{i}")
+            assert r.landed == n and r.quarantined == 0, r
+            work = r.timings["poll"] + r.timings["land"] + r.timings["commit"]
+            ingest_eps = n / work
+            print(f"round {i + 1} (b) full ingest to Parquet, exactly once: {ingest_eps:,.0f} events/s "
+                  f"(poll+validate {r.timings['poll']:.1f}s, land {r.timings['land']:.1f}s, "
+                  f"commit {r.timings['commit']:.2f}s; {len(r.files)} files): ratio {ingest_eps / raw_eps:.2f}")
+            ratios.append(ingest_eps / raw_eps)
+        print(f"ingest_vs_raw_ratio={statistics.median(ratios):.2f}")
     finally:
         stop_broker(cfg)
         shutil.rmtree(home, ignore_errors=True)

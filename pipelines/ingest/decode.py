@@ -30,6 +30,11 @@ from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
 # and the record's position in the batch (to apply the main process's filters).
 ROUTING = [("tenant", pa.string()), ("day", pa.string()), ("row", pa.int64())]
 EVENTS_WITH_ROUTING = pa.schema(list(EVENTS_SCHEMA) + [pa.field(n, t) for n, t in ROUTING])
+# What `Decoder` returns: the raw bytes stay out. The poller holds them, and ingest adds each
+# partition's as it stages it (`payload_column`): sending ~1 KB an event back from a worker, and
+# copying it again to split the batch by partition, cost more CPU than the decode saved.
+PAYLOAD = EVENTS_WITH_ROUTING.get_field_index("payload")
+EVENTS_DECODED = EVENTS_WITH_ROUTING.remove(PAYLOAD)
 QUARANTINE_WITH_ROUTING = pa.schema(list(QUARANTINE_SCHEMA) + [pa.field("day", pa.string()), pa.field("row", pa.int64())])
 
 
@@ -89,8 +94,9 @@ def hot_fields(e: dict) -> tuple:
 
 
 def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
-                 topic_tenants: dict[str, str] | None = None) -> tuple[pa.Table, pa.Table]:
+                 topic_tenants: dict[str, str] | None = None, payload: bool = True) -> tuple[pa.Table, pa.Table]:
     """A chunk as (events, quarantine) tables; never raises, every message lands in one of them.
+    Without `payload`, the events table leaves its payload column out (`Decoder` does: see `PAYLOAD`).
 
     Each message is decoded on its own, and anything unexpected quarantines that message as
     `internal_error`; if the events table still cannot be built, the rows that break it are
@@ -104,24 +110,33 @@ def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
             e = decode_message(value, max_bytes)
             if tenants:
                 check_topic_tenant(e, topic, tenants)
-            rows.append(_event_row(e, value, topic, part, chunk.offsets[i], now_ms, run_id, first + i))
+            rows.append(_event_row(e, topic, part, chunk.offsets[i], now_ms, run_id, first + i))
         except ValidationError as err:
             bad.append(_bad_row(chunk, i, err.reason, str(err), now_ms, run_id))
         except Exception as err:  # a bug of ours, not the producer's: keep the bytes, keep going
             bad.append(_internal_row(chunk, i, "decode failed", err, now_ms, run_id))
-    events, broken = _build(rows, EVENTS_WITH_ROUTING)
+    events, broken = _build(rows, EVENTS_DECODED)
     for row, err in broken:
         bad.append(_internal_row(chunk, row[-1] - first, "building the events table failed", err, now_ms, run_id))
     bad.sort(key=lambda r: r[-1])
+    if payload:
+        events = events.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD),
+                                   payload_column(chunk.values, events.column("row"), first))
     return events, _table(bad, QUARANTINE_WITH_ROUTING)
 
 
-def _event_row(e: dict, value: bytes, topic: str, part: int, offset: int, now_ms: int, run_id: str,
-               row: int) -> tuple:
+def payload_column(values: list, rows: pa.ChunkedArray, first_row: int = 0) -> pa.Array:
+    """The raw messages of the events at `rows` (their positions, `values[0]` at `first_row`):
+    bytes `decode_message` accepted, so strict UTF-8, cast to strings in one C-level, checked call."""
+    raw = pa.array([bytes(values[i - first_row]) for i in rows.to_pylist()], pa.binary())
+    return raw.cast(pa.string())
+
+
+def _event_row(e: dict, topic: str, part: int, offset: int, now_ms: int, run_id: str, row: int) -> tuple:
     t = parse_time(e["event_time"]).astimezone(timezone.utc)
     turn_id = e.get("turn_id") if "turn_id" in FIELDS[e["type"]] else None  # an unknown field elsewhere
     return (e["event_id"], e["type"], e["schema_version"], e["app"], e.get("task"), e["trace_id"],
-            turn_id, int(t.timestamp() * 1000), value, topic, part, offset,
+            turn_id, int(t.timestamp() * 1000), topic, part, offset,
             now_ms, run_id, *hot_fields(e), e["tenant"], t.date().isoformat(), row)
 
 
@@ -163,12 +178,7 @@ def _build(rows: list[tuple], schema: pa.Schema) -> tuple[pa.Table, list[tuple[t
 def _table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
     cols = list(zip(*rows)) if rows else [()] * len(schema)
     arrays = []
-    for f, values in zip(schema, cols):
-        if f.name == "payload":  # bytes -> binary -> one C-level, UTF-8-checked cast
-            arrays.append(pa.array(values, pa.binary()).cast(pa.string()))
-        else:
-            arrays.append(pa.array(values, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays([pa.array(values, f.type) for f, values in zip(schema, cols)], schema=schema)
 
 
 class Decoder:
@@ -199,15 +209,16 @@ class Decoder:
                 if self._pool is None:  # spawn: never fork a process holding Kafka sockets and threads
                     self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
                                                      initializer=die_with_parent, initargs=(os.getpid(),))
-                self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args), chunk))
+                self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args, payload=False), chunk))
                 return
             except Exception as err:  # a broken pool (a worker died): decode here from now on
                 self._failed(err)
         self._parts.append((self._isolate(chunk), chunk))
 
     def results(self) -> tuple[pa.Table, pa.Table]:
+        """(events without their payload column, quarantine) of every chunk submitted, in order."""
         parts = [p for part, chunk in self._parts for p in self._result(part, chunk)]
-        events = pa.concat_tables([e for e, _ in parts]) if parts else EVENTS_WITH_ROUTING.empty_table()
+        events = pa.concat_tables([e for e, _ in parts]) if parts else EVENTS_DECODED.empty_table()
         quarantine = pa.concat_tables([q for _, q in parts]) if parts else QUARANTINE_WITH_ROUTING.empty_table()
         return events, quarantine
 
@@ -252,13 +263,13 @@ class Decoder:
     def _isolate(self, chunk: Chunk) -> list[tuple[pa.Table, pa.Table]]:
         """`decode_chunk` here, halving a chunk that raises until each message that raises is alone."""
         try:
-            return [decode_chunk(chunk, *self.args)]
+            return [decode_chunk(chunk, *self.args, payload=False)]
         except Exception as err:
             self._failed(err)
             n = len(chunk.values)
             if n == 1:
                 _, run_id, now_ms, _ = self.args
-                return [(EVENTS_WITH_ROUTING.empty_table(),
+                return [(EVENTS_DECODED.empty_table(),
                          _table([_internal_row(chunk, 0, "decode failed", err, now_ms, run_id)],
                                 QUARANTINE_WITH_ROUTING))]
             return [p for lo, hi in ((0, n // 2), (n // 2, n)) for p in self._isolate(_slice(chunk, lo, hi))]

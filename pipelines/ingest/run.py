@@ -32,7 +32,7 @@ import pyarrow.dataset as ds
 
 from pipelines.config import TracerlConfig
 from pipelines.faults import failpoint
-from pipelines.ingest.decode import Chunk, Decoder
+from pipelines.ingest.decode import EVENTS_WITH_ROUTING, PAYLOAD, Chunk, Decoder, payload_column
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.services.kafka import client_options
@@ -195,6 +195,7 @@ def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> N
             quarantine = quarantine.filter(fresh.take(quarantine.column("row")))
         result.isolated = decoder.failure
         unique = _first_occurrences(events, ["tenant", "event_id"])
+        values = [r.value for r in records]
         result.duplicates = events.num_rows - unique.num_rows
         txn = lake.begin(result.run_id)
         parts = unique.select(["tenant", "day"]).group_by(["tenant", "day"]).aggregate([]).to_pylist()
@@ -208,6 +209,8 @@ def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> N
                 result.duplicates += rows.num_rows - pc.sum(new).as_py()
                 rows = rows.filter(new)
             if rows.num_rows:
+                rows = rows.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD),
+                                       payload_column(values, rows.column("row")))
                 rows = rows.select(EVENTS_SCHEMA.names)  # still in Kafka order
                 result.files.append(txn.stage(EVENTS, {"tenant": tenant, "date": day}, rows))
                 result.landed += rows.num_rows

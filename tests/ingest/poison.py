@@ -15,10 +15,10 @@ POISON = b"POISON"
 def poison_decoder(monkeypatch) -> None:
     real = decode_module.decode_chunk
 
-    def decode_chunk(chunk, *args):
+    def decode_chunk(chunk, *args, **kwargs):
         if any(POISON in (v or b"") for v in chunk.values):
             raise RecursionError("maximum recursion depth exceeded (injected)")
-        return real(chunk, *args)
+        return real(chunk, *args, **kwargs)
 
     monkeypatch.setattr(decode_module, "decode_chunk", decode_chunk)  # inline and isolation paths
 
