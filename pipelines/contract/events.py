@@ -15,10 +15,13 @@ Rules of the contract (also in docs/trace-contract.md):
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal
+
+import orjson
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1, 2})
@@ -190,10 +193,23 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+def wire_json(event: dict[str, Any]) -> bytes:
+    """An event dict as the compact JSON sent to Kafka: orjson (5-10x faster on token and logprob
+    lists), or the stdlib for what orjson will not write (an integer beyond 64 bits, which the
+    contract allows in an unknown field)."""
+    try:
+        return orjson.dumps(event)
+    except TypeError:
+        return json.dumps(event, separators=(",", ":")).encode()
+
+
+_SCALARS = frozenset({int, float, str, bool})
+
+
 def _plain(v: Any) -> Any:
     if dataclasses.is_dataclass(v):
         return {f.name: _plain(getattr(v, f.name))
                 for f in dataclasses.fields(v) if getattr(v, f.name) is not None}
-    if isinstance(v, list):
-        return [_plain(x) for x in v]
+    if isinstance(v, list):  # token ids and logprobs: hundreds of scalars, no call for each
+        return [x if type(x) in _SCALARS else _plain(x) for x in v]
     return v

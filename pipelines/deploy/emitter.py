@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 class EmitterConfig:
     queue_size: int = 10_000          # events held in memory before spilling to disk
     batch_size: int = 500             # events per producer flush
+    linger_s: float = 0.1             # after a batch's first event, wait this long for more: one
+                                      # produce request (and its wake-ups) per 0.1 s, not per request
     delivery_timeout_s: float = 5.0   # a batch not acked within this is spilled
     replay_interval_s: float = 5.0    # how often spilled events are retried
     retry_backoff_s: float = 2.0      # after a failure, wait this long before using Kafka again
@@ -141,10 +143,12 @@ class Emitter:
         with self._count_lock:
             self._counts[key] += n
 
-    def _take(self, n: int, wait: float) -> list[dict]:
+    def _take(self, n: int, wait: float, linger: float = 0.0) -> list[dict]:
         batch: list[dict] = []
         try:
             batch.append(self._queue.get(timeout=wait) if wait else self._queue.get_nowait())
+            if linger and self._queue.qsize() < n:
+                self._stop.wait(linger)  # close() cuts it short
             while len(batch) < n:
                 batch.append(self._queue.get_nowait())
         except queue.Empty:
@@ -181,7 +185,7 @@ class Emitter:
         next_replay = time.monotonic() + self.conf.replay_interval_s
         next_sweep = time.monotonic() + min(1.0, self.conf.journal_sweep_s)  # soon: a restart may have lost events
         while not self._stop.is_set():
-            batch = self._inflight = self._take(self.conf.batch_size, wait=0.2)
+            batch = self._inflight = self._take(self.conf.batch_size, wait=0.2, linger=self.conf.linger_s)
             fault("emitter.batch")
             if batch:
                 self._send_or_spill(batch)

@@ -83,7 +83,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling, ToolCall
+from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling, ToolCall, wire_json
 from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.deploy.tool_results import call_id, tool_results
 from pipelines.contract.validate import ValidationError
@@ -495,7 +495,7 @@ class Gateway:
         """Record the served turn. Prompt ids are optional in the contract (the learner can
         re-tokenize): they are the first thing left out of an event that would be oversize."""
         event = self._turn_event(lease, turn, req, **outputs)
-        if event.get("prompt_token_ids") and len(json.dumps(event, separators=(",", ":"))) > self.max_event_bytes:
+        if event.get("prompt_token_ids") and len(wire_json(event)) > self.max_event_bytes:
             event.pop("prompt_token_ids")
             self.counts["prompt_ids_dropped"] += 1
         self.emitter.emit(event)

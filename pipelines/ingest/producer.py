@@ -27,7 +27,7 @@ import threading
 from typing import Any, Callable
 
 from pipelines.config import TracerlConfig, load_config
-from pipelines.contract.events import Event
+from pipelines.contract.events import Event, wire_json
 from pipelines.contract.validate import OVERSIZE, ValidationError, validate_event
 from pipelines.services.kafka import client_options
 
@@ -44,7 +44,7 @@ def encode(event: Event | dict) -> tuple[bytes, bytes, str]:
     """(key, value, event_id) for one event; validates so bad events fail at the source."""
     obj = event.to_dict() if isinstance(event, Event) else event
     validate_event(obj)
-    return obj["trace_id"].encode(), json.dumps(obj, separators=(",", ":")).encode(), obj["event_id"]
+    return obj["trace_id"].encode(), wire_json(obj), obj["event_id"]
 
 
 class TraceProducer:
