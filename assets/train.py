@@ -3,6 +3,12 @@
 Not enough new settled turns (`learner.min_new_turns`): nothing materializes, the run is tagged
 `tracerl/outcome=no_candidate` with the reason in the log, and `promotion`/`deployment` are
 skipped in that run. The job, sensor and schedule that run it are in assets/loop.py.
+
+Learners for different targets run side by side, each in its own run (a process under
+`dagster dev`, a pod under the K8sRunLauncher): the asset is in the `learner` concurrency pool,
+whose limit (`concurrency.pools.default_limit` in dagster_home/dagster.yaml) caps how many train
+at once across every run, the loop's and `learner_job`'s alike; the rest of a run (ingest, rewards,
+the gate) is not held up. `learner_job` trains one target; a backfill over targets trains many.
 """
 
 import dagster as dg
@@ -13,6 +19,7 @@ from pipelines.adapters.version import label
 from pipelines.train.run import run_learner
 
 NO_CANDIDATE = "no_candidate"
+LEARNER_POOL = "learner"  # the only concurrency pool: its limit is the instance's pools.default_limit
 # the learner's last-step metrics, plotted per partition in the UI (reward_mean: that step's batch)
 _NUMERIC = ("loss", "kl", "reward_mean", "clip_frac", "tokens_per_s")
 
@@ -45,6 +52,7 @@ def new_turns_reward(lake: LakeResource, tenant: str, task: str, version: int) -
     group_name="train",
     kinds={"pytorch", "mlflow"},
     output_required=False,
+    pool=LEARNER_POOL,
     description="A new LoRA adapter version for the tenant/task, trained on its new settled rewarded turns "
                 "plus replayed earlier ones, continuing the training branch (its last candidate, or the "
                 "champion after a promotion or a reset); logged to MLflow and registered as a candidate "
@@ -84,4 +92,11 @@ def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlf
     yield dg.MaterializeResult(metadata=metadata)
 
 
+learner_job = dg.define_asset_job(
+    "learner_job", selection=[candidate_adapter],  # partitioned by targets, as its asset
+    description="Train a candidate adapter for one tenant/task (the partition) on the rewards already "
+                "settled, without ingest, the gate or a deployment: a backfill over targets trains them in "
+                "parallel, as many at once as the `learner` concurrency pool allows.")
+
 train_assets = [candidate_adapter]
+train_jobs = [learner_job]

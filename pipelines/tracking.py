@@ -64,7 +64,15 @@ def experiment_id(cfg: TracerlConfig, name: str | None = None) -> str:
     if cfg.mlflow.tracking_uri is None:
         cfg.artifact_root.mkdir(parents=True, exist_ok=True)
         location = (cfg.artifact_root / name).as_uri()
-    return c.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return c.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+    except MlflowException:  # learners of two targets, each in its own run, both came to create it
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
 
 
 @contextmanager

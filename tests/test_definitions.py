@@ -3,6 +3,7 @@ way, freshness policies consistent with the schedules, targets as partitions, on
 what starts runs."""
 
 from datetime import timedelta
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -93,6 +94,18 @@ def test_schedules_sensors_and_jobs(repo):
         dg.AssetKey("raw_events"), dg.AssetKey("lake_events")}
     assert repo.has_job("reward_job") and repo.has_job("approval_job")
     assert defs.resolve_job_def("canary_job").asset_layer.executable_asset_keys == {dg.AssetKey("canary")}
+    assert defs.resolve_job_def("learner_job").asset_layer.executable_asset_keys == {dg.AssetKey("candidate_adapter")}
+    assert defs.resolve_job_def("learner_job").partitions_def is not None  # one target per run, a backfill for many
+
+
+def test_the_learner_is_the_one_concurrency_pool_and_the_instance_limits_it(repo):
+    """dagster.yaml's pools.default_limit is the learners' limit only while `learner` is the only pool."""
+    import yaml
+
+    pools = {n.name: set(n.pools) for j in repo.get_all_jobs() for n in j.graph.node_defs if n.pools}
+    assert pools == {"candidate_adapter": {"learner"}}
+    instance = yaml.safe_load((Path(__file__).parents[1] / "dagster_home" / "dagster.yaml").read_text())
+    assert instance["concurrency"]["pools"]["default_limit"] >= 2  # two targets can train at once
 
 
 def test_targets_are_partitions_of_the_per_target_assets(graph):

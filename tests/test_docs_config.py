@@ -24,3 +24,20 @@ def test_tracerl_toml_is_ignored_by_git_as_the_docs_say():
     assert "`tracerl.toml` at the repository root is in `.gitignore`" in DOC
     out = subprocess.run(["git", "check-ignore", "-q", "tracerl.toml"], cwd=ROOT)
     assert out.returncode == 0
+
+
+def test_the_kubernetes_values_keep_the_local_instance_s_concurrency_rules():
+    """docs/k8s/dagster-values.yaml is the cluster's dagster.yaml: the same learner pool limit and
+    one run per target as dagster_home/dagster.yaml (what the local tests show holding)."""
+    import yaml
+
+    local = yaml.safe_load((ROOT / "dagster_home" / "dagster.yaml").read_text())["concurrency"]
+    values = yaml.safe_load((ROOT / "docs" / "k8s" / "dagster-values.yaml").read_text())
+    chart = values["concurrency"]
+    assert chart["pools"]["defaultLimit"] == local["pools"]["default_limit"]
+    assert chart["runs"]["maxConcurrentRuns"] == local["runs"]["max_concurrent_runs"]
+    assert chart["runs"]["tagConcurrencyLimits"] == local["runs"]["tag_concurrency_limits"]
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    assert values["dagsterDaemon"]["runCoordinator"]["type"] == "QueuedRunCoordinator"
+    (code,) = values["dagster-user-deployments"]["deployments"]
+    assert code["dagsterApiGrpcArgs"] == ["-m", "assets.definitions"]
