@@ -21,6 +21,8 @@ says why it is champion ("promote by gate", "rollback by alice: latency regressi
 
 from __future__ import annotations
 
+import uuid
+
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -33,6 +35,7 @@ from pipelines.tracking import client
 Deploy = Callable[[str, str, int], Any]  # (tenant, task, adapter_version): make it live in vLLM
 STATUS, DECISION = "tracerl.gate.status", "tracerl.gate.decision"
 AWAITING, PROMOTED, REJECTED, ROLLED_BACK = "awaiting_approval", "promoted", "rejected", "rolled_back"
+CANARY_ID = "tracerl.canary.id"  # the id that decides each conversation's side (routing.bucket)
 CANARY, CANARY_ENDED = "canary", "canary_ended"  # serving a canary now; a canary of it expired or was stopped
 PREVIOUS = "tracerl.previous_champion"
 REASON, HISTORY = "tracerl.champion_reason", "tracerl.alias_history"
@@ -77,15 +80,19 @@ def canary_version(cfg: TracerlConfig, tenant: str, task: str) -> Any | None:
     return mv if mv is not None and mv.tags.get(STATUS) == CANARY else None
 
 
-def enter_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, who: str, why: str = "") -> None:
-    """``version`` becomes the challenger that serves a canary (a canary of another version ends)."""
+def enter_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, who: str, why: str = "",
+                 canary_id: str | None = None) -> None:
+    """``version`` becomes the challenger that serves a canary (a canary of another version ends).
+    ``canary_id``: the id the gateway that started it drew (a new one if None), kept as the
+    ``tracerl.canary.id`` tag so every gateway puts each conversation on the same side."""
     old = canary_version(cfg, tenant, task)
     if old is not None and str(old.version) == str(version):
         return
     if old is not None:
         end_canary(cfg, tenant, task, str(old.version), CANARY_ENDED, f"replaced by version {version} ({who})")
     client(cfg).set_registered_model_alias(model_name(tenant, task), CHALLENGER, str(version))
-    set_tags(cfg, tenant, task, version, {STATUS: CANARY, "tracerl.canary.started_by": who})
+    set_tags(cfg, tenant, task, version, {STATUS: CANARY, "tracerl.canary.started_by": who,
+                                          CANARY_ID: canary_id or uuid.uuid4().hex})
     note_history(cfg, tenant, task, version, f"became challenger serving a canary: {who}" + (f": {why}" if why else ""))
 
 

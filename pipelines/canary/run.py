@@ -92,7 +92,7 @@ def advance(cfg: TracerlConfig, tenant: str, task: str, now: datetime | None = N
             step.action, step.detail["error"] = "failed", f"{type(err).__name__}: {err}"
         return step
     if mv is not None:
-        _set_challenger(cfg, tenant, task, mv)
+        _set_challenger(cfg, tenant, task, mv, c.id)
     if decision.outcome == CONTINUE:
         return step
     why = f"canary {decision.outcome}: {'; '.join(decision.reasons)}"
@@ -142,12 +142,12 @@ def _registry_version(cfg: TracerlConfig, tenant: str, task: str, version: int) 
     return registry.version_for_adapter(cfg, tenant, task, version)
 
 
-def _set_challenger(cfg: TracerlConfig, tenant: str, task: str, mv: Any) -> None:
+def _set_challenger(cfg: TracerlConfig, tenant: str, task: str, mv: Any, canary_id: str) -> None:
     """The registry names the running canary (``challenger``, status ``canary``): a canary started
     in the gateway alone (before the registry knew it) is recorded on its first step."""
     current = promote.canary_version(cfg, tenant, task)
     if current is None or str(current.version) != str(mv.version):
-        promote.enter_canary(cfg, tenant, task, str(mv.version), WHO, "the gateway runs it")
+        promote.enter_canary(cfg, tenant, task, str(mv.version), WHO, "the gateway runs it", canary_id)
 
 
 def _record_end(cfg: TracerlConfig, tenant: str, task: str, mv: Any, decision: CanaryDecision, run_id: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import field
 
 from pydantic.dataclasses import dataclass
@@ -26,6 +27,12 @@ class GatewayConfig:
     replay_interval_s: float = 5.0      # emitter: how often spilled events are retried
     max_body_bytes: int = 4 << 20       # a larger request body is a 413
     max_json_depth: int = 32            # deeper nesting in a body is a 400 (ingest and the views read it)
+    instance: str = ""                  # one of several gateways on one home: its own routes, swaps, spill
+    reconcile_interval_s: float | None = None  # follow the registry itself (10 s for each of several); None:
+                                        # only when told (the `deployment` asset, operator actions)
+    health_interval_s: float = 1.0      # how often each upstream's /health is probed
+    health_timeout_s: float = 2.0       # a probe slower than this failed
+    health_failures: int = 2            # failed probes in a row that take an upstream out
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:
@@ -33,6 +40,13 @@ class GatewayConfig:
         if self.max_body_bytes < 1024 or not 2 <= self.max_json_depth <= 256:
             raise ValueError(f"gateway.max_body_bytes={self.max_body_bytes} must be >= 1024 and "
                              f"gateway.max_json_depth={self.max_json_depth} in 2..256")
+        if self.instance and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.instance):
+            raise ValueError(f"gateway.instance={self.instance!r} must be 1-64 of [A-Za-z0-9_.-] (a folder name)")
+        if self.reconcile_interval_s is not None and self.reconcile_interval_s <= 0:
+            raise ValueError(f"gateway.reconcile_interval_s={self.reconcile_interval_s} must be > 0, or unset for off")
+        if self.health_interval_s <= 0 or self.health_timeout_s <= 0 or self.health_failures < 1:
+            raise ValueError(f"gateway.health_interval_s={self.health_interval_s} and health_timeout_s="
+                             f"{self.health_timeout_s} must be > 0, health_failures={self.health_failures} >= 1")
         if self.queue_size < 1:
             raise ValueError(f"gateway.queue_size={self.queue_size} must be >= 1")
         keys = list(self.api_keys.values()) + ([self.admin_key] if self.admin_key else [])

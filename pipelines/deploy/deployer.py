@@ -14,6 +14,10 @@ Restore (a restarted gateway or vLLM): 1-2 for every route, each on its own, so 
 changed on disk since its deploy is refused there too, without keeping the others down.
 A failure in 1-2 raises :class:`DeployError` and changes nothing: the old version keeps serving.
 Loads are serialized by one lock (concurrent loads race in vLLM 0.32).
+Several replicas (``upstreams.py``): loads and unloads go to the replicas serving; one that is
+out gets the routed adapters when it answers again (``restore_replica``), before it is put back.
+Several gateways on one home (``peers.py``): a name another gateway routes or holds is never
+unloaded (the last one to drain it does), and loads are serialized across them.
 
 Every attempt, failed or not, is one JSON line in ``<home>/deploy/swaps.jsonl``:
 ``{at, who, action, tenant, task, from, to, ok, error, load_s, drain_s, drained, unloaded,
@@ -25,20 +29,25 @@ claim, measured on live traffic by the router).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from contextlib import nullcontext
 from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
 from pipelines.deploy import admin
 from pipelines.deploy.routing import Canary, Router, vllm_name
+from pipelines.deploy.peers import Holds, held_by_others, load_lock
+from pipelines.deploy.upstreams import Upstreams
 from pipelines.adapters.store import META, READY, AdapterStore, AdapterVersion
 from pipelines.adapters.version import label
 
+ROUTE_NAME = re.compile(r"^[^/]+/[^/]+/v\d+$")  # what the deployer loads (lora_name); the gate's differ
 UNSAFE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt")  # pickle = code execution
 
 
@@ -81,10 +90,15 @@ def validate_adapter(store: AdapterStore, tenant: str, task: str, version: int, 
 
 
 class Deployer:
-    def __init__(self, router: Router, upstreams: list[str], store: AdapterStore, base_hash: str,
-                 swaps_path: Path, drain_timeout_s: float = 120.0):
-        self.router, self.upstreams, self.store = router, list(upstreams), store
-        self.base_hash, self.swaps_path = base_hash, Path(swaps_path)
+    def __init__(self, router: Router, upstreams: Upstreams | list[str], store: AdapterStore, base_hash: str,
+                 swaps_path: Path, drain_timeout_s: float = 120.0, base_root: str | None = None,
+                 home: Path | None = None):
+        """``swaps_path``'s folder is this gateway's deploy dir (its holds too); ``home``: where the
+        other gateways sharing the replicas keep theirs (None: a gateway alone)."""
+        self.router, self.store = router, store
+        self.upstreams = upstreams if isinstance(upstreams, Upstreams) else Upstreams(upstreams)
+        self.base_hash, self.swaps_path, self.base_root = base_hash, Path(swaps_path), base_root
+        self.home, self.holds = home, Holds(self.swaps_path.parent)
         self.drain_timeout_s = drain_timeout_s
         self._lock = threading.Lock()
 
@@ -136,13 +150,61 @@ class Deployer:
             return {"version": label(c.version), "share": c.share, "ok": False, "stopped": True,
                     "error": f"{type(err).__name__}: {err}"}
 
+    def restore_replica(self, url: str, who: str = "health") -> dict[str, Any]:
+        """Make the replica at ``url`` hold exactly the routed adapters (champions and canaries),
+        then put it back in the round-robin; one record in swaps.jsonl. A replica serving another
+        base, or refusing a load, raises (DeployError) and stays out; a route whose adapter no
+        longer validates is skipped, as ``restore`` leaves it (it fails on every replica alike)."""
+        with self._lock:
+            record = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who,
+                      "action": "replica_back", "replica": url, "loaded": [], "unloaded": [], "skipped": []}
+            t0 = time.monotonic()
+            try:
+                models = admin.list_models(url)
+                roots = {m.get("root") for m in models if m.get("parent") is None}
+                if self.base_root is not None and roots != {self.base_root}:
+                    raise DeployError(f"vLLM at {url} serves {sorted(map(str, roots))}, not {self.base_root}")
+                want: dict[str, tuple[str, str, int]] = {}
+                for live in self.router.routes():
+                    want[live.name] = (live.tenant, live.task, live.version)
+                    if live.canary is not None:
+                        want[str(live.canary_name)] = (live.tenant, live.task, live.canary.version)
+                loaded = {m["id"] for m in models if m.get("parent") is not None}
+                for name, (tenant, task, version) in sorted(want.items()):
+                    if name in loaded:
+                        continue
+                    try:
+                        av = validate_adapter(self.store, tenant, task, version, self.base_hash)
+                    except DeployError as err:
+                        record["skipped"].append(f"{name}: {err}")
+                        continue
+                    try:
+                        with self._load_lock():
+                            admin.load_adapter(url, name, av.path)
+                    except admin.VllmAdminError as err:
+                        if not (err.status == 400 and "already" in err.message):
+                            raise DeployError(f"vLLM at {url} refused adapter {name}: {err.message}") from None
+                    record["loaded"].append(name)
+                stale = {n for n in loaded - set(want) - self._others() if ROUTE_NAME.match(n)}
+                for name in sorted(stale):  # unloaded elsewhere while this one was out
+                    if self._unload_one(url, name):
+                        record["unloaded"].append(name)
+                self.upstreams.mark_up(url)
+            except Exception as err:
+                record.update(ok=False, error=f"{type(err).__name__}: {err}")
+                self._log(record)
+                raise err if isinstance(err, DeployError) else DeployError(str(err)) from err
+            record.update(ok=True, load_s=round(time.monotonic() - t0, 3))
+            self._log(record)
+            return record
+
     # -- the canary ---------------------------------------------------------------------------
 
     def start_canary(self, tenant: str, task: str, version: int, share: float, who: str,
-                     why: str = "") -> dict[str, Any]:
+                     why: str = "", canary_id: str | None = None) -> dict[str, Any]:
         """Load ``version`` and send ``share`` of the route's conversations to it. Refused (DeployError,
         nothing changes) for an unrouted task, the champion itself, a second canary, or an adapter
-        that does not validate."""
+        that does not validate. ``canary_id``: the registry's (every gateway alike); None draws one."""
         version = int(version)
         with self._lock:
             record = self._record(who, "canary_start", tenant, task, to=label(version), share=float(share), why=why)
@@ -160,10 +222,16 @@ class Deployer:
                     raise DeployError(f"{tenant}/{task} already runs a canary of {label(live.canary.version)} "
                                       f"(share {live.canary.share}); stop it first, or change its share")
                 av = validate_adapter(self.store, tenant, task, version, self.base_hash)
-                self._load(vllm_name(tenant, task, version), av.path)
-                record["load_s"] = round(time.monotonic() - t0, 3)
-                canary = Canary(version, str(av.path), float(share), uuid.uuid4().hex, record["at"], who, why)
-                self.router.start_canary(tenant, task, canary)
+                name = vllm_name(tenant, task, version)
+                self.holds.add(name)  # from before the load until the route names it
+                try:
+                    self._load(name, av.path)
+                    record["load_s"] = round(time.monotonic() - t0, 3)
+                    canary = Canary(version, str(av.path), float(share), canary_id or uuid.uuid4().hex,
+                                    record["at"], who, why)
+                    self.router.start_canary(tenant, task, canary)
+                finally:
+                    self.holds.discard(name)
             except Exception as err:
                 raise self._refused(record, err)
             record.update(ok=True, canary_id=canary.id)
@@ -194,6 +262,8 @@ class Deployer:
             record = self._record(who, "canary_stop", tenant, task, why=why)
             ended0 = self.router.ended(tenant, task)
             live = self.router.live(tenant, task)
+            if live is not None and live.canary is not None:
+                self.holds.add(str(live.canary_name))  # until drained: another gateway must not unload it
             old = self.router.stop_canary(tenant, task)
             if live is None or old is None:
                 raise self._refused(record, DeployError(f"{tenant}/{task} runs no canary"))
@@ -204,6 +274,7 @@ class Deployer:
             record["drain_s"] = round(time.monotonic() - t1, 3)
             if record["drained"]:
                 record["unloaded"] = self._unload(name)
+            self.holds.discard(name)
             ended1 = self.router.ended(tenant, task)
             record["requests"], record["failed_requests"] = ended1[0] - ended0[0], ended1[1] - ended0[1]
             self._log(record)
@@ -239,10 +310,18 @@ class Deployer:
                     raise DeployError(f"{tenant}/{task} v{version} is already live")
                 av = validate_adapter(self.store, tenant, task, version, self.base_hash)
                 name = vllm_name(tenant, task, version)
-                self._load(name, av.path)
-                record["load_s"] = round(time.monotonic() - t0, 3)
-                self.router.flip(tenant, task, version, str(av.path), rollback=action == "rollback")
+                self.holds.add(name)  # from before the load until the route names it
+                if old is not None:
+                    self.holds.add(old.name)  # from before the flip until it is drained
+                try:
+                    self._load(name, av.path)
+                    record["load_s"] = round(time.monotonic() - t0, 3)
+                    self.router.flip(tenant, task, version, str(av.path), rollback=action == "rollback")
+                finally:
+                    self.holds.discard(name)
             except Exception as err:
+                if old is not None:
+                    self.holds.discard(old.name)
                 record.update(ok=False, error=f"{type(err).__name__}: {err}")
                 self._log(record)
                 if isinstance(err, DeployError):
@@ -256,27 +335,45 @@ class Deployer:
                 record["drain_s"] = round(time.monotonic() - t1, 3)
                 if record["drained"]:
                     record["unloaded"] = self._unload(old.name)
+                self.holds.discard(old.name)
             ended1 = self.router.ended(tenant, task)
             record["requests"], record["failed_requests"] = ended1[0] - ended0[0], ended1[1] - ended0[1]
             self._log(record)
             return record
 
     def _load(self, name: str, path: Path) -> None:
-        """Load on every upstream; on a failure undo the ones that succeeded and raise."""
+        """Load on every replica serving; on a failure undo the ones that succeeded and raise. A
+        replica that is out gets it when it comes back (``restore_replica``)."""
         done: list[str] = []
-        for url in self.upstreams:
+        serving = self.upstreams.serving()
+        if not serving:
+            raise DeployError(f"no vLLM replica is serving (of {len(self.upstreams.urls)}): cannot load {name}")
+        for url in serving:
             try:
-                admin.load_adapter(url, name, path)
+                with self._load_lock():
+                    admin.load_adapter(url, name, path)
             except admin.VllmAdminError as err:
                 if err.status == 400 and "already" in err.message:
-                    continue  # loaded before (restore, or a reload of a rolled-back name)
-                for other in done:
-                    self._unload_one(other, name)
+                    continue  # loaded before (restore, a rolled-back name, another gateway)
+                if name not in self._others():
+                    for other in done:
+                        self._unload_one(other, name)
                 raise DeployError(f"vLLM at {url} refused adapter {name} from {path}: {err.message}") from None
             done.append(url)
 
+    def _load_lock(self):
+        return load_lock(self.home) if self.home is not None else nullcontext()
+
+    def _others(self) -> set[str]:
+        """The names the other gateways on this home route or hold (none for a gateway alone)."""
+        return held_by_others(self.home, self.swaps_path.parent) if self.home is not None else set()
+
     def _unload(self, name: str) -> bool:
-        return all([self._unload_one(url, name) for url in self.upstreams])
+        """Unload from every replica serving; False, and nothing unloaded, while another gateway
+        routes or holds the name (it unloads it when it drains it)."""
+        if name in self._others():
+            return False
+        return all([self._unload_one(url, name) for url in self.upstreams.serving()])
 
     @staticmethod
     def _unload_one(url: str, name: str) -> bool:
@@ -300,3 +397,4 @@ def read_swaps(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return rows[-limit:] if limit else rows
+

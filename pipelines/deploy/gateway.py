@@ -50,7 +50,17 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   share, ``POST /admin/canary/stop`` sends all traffic back to the champion and unloads the
   challenger once its requests ended; ``GET /admin/canary`` lists them. Each turn records its
   ``arm``. The canary is part of the route (routes.json), so a restarted gateway restores it. ``GET /health`` (503 when the
-  emitter is dead), ``GET /openapi.json`` (this API, generated from ``schemas.py``).
+  emitter is dead or no vLLM replica serves), ``GET /openapi.json`` (this API, generated from ``schemas.py``).
+- Several gateways (``gateway.instance``, ``reconcile_interval_s``): each serves from its own
+  router (``<home>/gateways/<instance>/``) and reconciles itself to the registry every
+  ``reconcile_interval_s`` (champions and canaries, ``reconcile_now``), so an alias moved by the
+  gate or an operator is served by all of them within one interval; ``GET /admin/stats`` says
+  what the last reconcile changed.
+- Replicas (``gateway.upstreams``, ``upstreams.py``): requests go round-robin over the replicas
+  serving; each one's ``/health`` is probed every ``health_interval_s``; a replica failing
+  ``health_failures`` probes, or refusing a connection, is taken out and its requests go to the
+  others (one that could not reach its replica, or lost it before any answer, is sent to the
+  next at once); it is put back when it answers again and holds the routed adapters.
 
 Validation at the door: every body is parsed as strict JSON (``json_body``: size, depth, finite
 numbers, encodable strings), checked against its schema (``schemas``), and the event it makes
@@ -73,7 +83,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import itertools
 import json
 import re
 import time
@@ -81,7 +90,8 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import (ClientConnectionError, ClientConnectorError, ClientSession, ClientTimeout, ServerTimeoutError,
+                     TCPConnector, web)
 
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling, ToolCall, wire_json
 from pipelines.contract.tool_calls import parse_tool_calls
@@ -96,6 +106,7 @@ from pipelines.deploy.json_body import parse_json
 from pipelines.deploy.keys import KeyRing
 from pipelines.deploy.routing import Router, UnknownModel
 from pipelines.deploy.schemas import ChatRequest, parse
+from pipelines.deploy.upstreams import NoReplica
 
 TRAIN_HEADER = schemas.TRAIN_HEADER  # "false": record the turn as never to be trained on
 ECHOED = ("trace_id", "turn_id", "adapter_version", "train")  # the response's `tracerl` block
@@ -147,12 +158,15 @@ class Gateway:
         self._secret, self._admin_key = secret, admin_key
         self._turn_secret = hmac.new(secret, b"tracerl turn ids", hashlib.sha256).digest()  # not a trace key
         self.keys = keys or KeyRing(gcfg.api_keys, None)  # configured keys only, unless given a folder
-        self._next_upstream = itertools.cycle(deployer.upstreams)
+        self.upstreams = deployer.upstreams  # the vLLM replicas: probed, taken out, restored, put back
+        self._tasks: list[asyncio.Task] = []  # the health probes and the reconcile loop
+        self.last_reconcile: dict[str, Any] = {}
         self._turns: OrderedDict[str, int] = OrderedDict()  # trace -> next turn index (bounded)
         self._openapi = schemas.openapi()
         self.max_event_bytes = emitter.cfg.ingest.max_event_bytes
         self.session: ClientSession | None = None
-        self.counts = {"requests": 0, "upstream_errors": 0, "client_disconnects": 0,
+        self.counts = {"requests": 0, "upstream_errors": 0, "upstream_retries": 0, "client_disconnects": 0,
+                       "reconciles": 0, "reconcile_swaps": 0, "reconcile_errors": 0,
                        "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0}
 
     def app(self) -> web.Application:
@@ -182,10 +196,81 @@ class Gateway:
         # closing at that moment is a 502 "Server disconnected" (at 60 s: 2 of 4 runs of test_traffic).
         self.session = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
                                      timeout=ClientTimeout(total=self.gcfg.request_timeout_s))
+        self._tasks.append(asyncio.create_task(self._probe_loop()))
+        if self.gcfg.reconcile_interval_s:
+            self._tasks.append(asyncio.create_task(self._reconcile_loop()))
 
     async def _close(self, _app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
         if self.session is not None:
             await self.session.close()
+
+    # -- following the registry: what several gateways share -------------------------------------
+
+    @property
+    def who(self) -> str:
+        return f"gateway {self.gcfg.instance}".strip()
+
+    def handle(self):
+        """This gateway as reconcile acts on it: its router, swap and canary primitives."""
+        from pipelines.deploy.reconcile import GatewayHandle
+
+        return GatewayHandle(self.router, self.deployer.promote, self.deployer.start_canary,
+                             self.deployer.stop_canary)
+
+    def reconcile_now(self):
+        """This gateway to the registry (pipelines/deploy/reconcile.py): each target's champion, and
+        its canary, through this gateway's own router and deployer. Every gateway on the registry
+        runs it, so they serve the same versions within ``reconcile_interval_s`` of an alias move."""
+        from pipelines.deploy.reconcile import reconcile
+
+        return reconcile(self.cfg, who=f"{self.who} reconcile", gateway=self.handle())
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(float(self.gcfg.reconcile_interval_s or 0))
+            try:
+                report = await asyncio.to_thread(self.reconcile_now)
+            except Exception as err:  # noqa: BLE001 - the registry unreachable: keep serving, retry next tick
+                self.counts["reconcile_errors"] += 1
+                self.last_reconcile = {"at": time.time(), "error": f"{type(err).__name__}: {err}"[:500]}
+                continue
+            self.counts["reconciles"] += 1
+            self.counts["reconcile_swaps"] += len(report.of("swapped"))
+            changed = [t.line() for t in report.targets
+                       if t.outcome in ("swapped", "failed") or (t.canary and not t.canary.endswith("in sync"))]
+            self.last_reconcile = {"at": time.time(), "changed": changed}
+            for line in changed:
+                print(f"{self.who} reconcile: {line}", flush=True)
+
+    # -- the replicas: health probes, take out, restore, put back (upstreams.py) ---------------
+
+    async def _probe(self, url: str) -> tuple[bool, str]:
+        assert self.session is not None
+        try:
+            async with self.session.get(f"{url}/health", timeout=ClientTimeout(total=self.gcfg.health_timeout_s)) as r:
+                return r.status == 200, f"/health answered {r.status}"
+        except Exception as err:  # noqa: BLE001 - refused, reset, timeout: the replica is not serving
+            return False, f"/health: {type(err).__name__}: {err}"
+
+    async def _probe_loop(self) -> None:
+        """Every health_interval_s: probe each replica; one failing health_failures probes in a row
+        goes out; one out that answers gets the routed adapters (in a worker thread, under the
+        deployer's lock) and goes back in."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.gcfg.health_interval_s)
+            urls = self.upstreams.urls
+            for url, (ok, why) in zip(urls, await asyncio.gather(*(self._probe(u) for u in urls))):
+                todo = self.upstreams.probed(url, ok, why, self.gcfg.health_failures)
+                if todo == "out":
+                    self.upstreams.mark_down(url, why)
+                elif todo == "back":
+                    try:
+                        await loop.run_in_executor(None, self.deployer.restore_replica, url)
+                    except Exception:  # noqa: BLE001 - logged in swaps.jsonl; it stays out, the next probe retries
+                        pass
 
     # -- auth, bodies, trace and turn ids -----------------------------------------------------
 
@@ -304,11 +389,10 @@ class Gateway:
             self._check_event(provisional, self._output_room(req), chat=True)
             want = {"logprobs": bool(req.logprobs), "token_ids": bool(req.return_token_ids)}
             upstream = dict(req.upstream(), model=lease.name, logprobs=True, return_token_ids=True)
-            url = next(self._next_upstream) + "/v1/chat/completions"
             headers = {"X-Tracerl-Trace-Id": trace_id, "X-Tracerl-Turn-Id": turn["turn_id"]}
             if req.stream:
-                return await self._stream(request, url, upstream, lease, turn, req, want, headers)
-            return await self._unary(url, upstream, lease, turn, req, want, headers)
+                return await self._stream(request, upstream, lease, turn, req, want, headers)
+            return await self._unary(upstream, lease, turn, req, want, headers)
         finally:
             self.router.release(lease)
 
@@ -333,9 +417,27 @@ class Gateway:
         self.counts["upstream_errors"] += 1
         lease.failed = True
 
-    async def _post(self, url: str, body: dict[str, Any]):
+    async def _post(self, body: dict[str, Any]):
+        """POST the chat body to a replica serving; entered, so the status and headers are in. A
+        replica that cannot be reached is taken out, one that drops the connection before answering
+        (it died mid-request, or closed an idle connection as it was reused) is not; either way
+        the next replica is tried, so neither fails the request while another serves.
+        Returns (the context to exit, the response); NoReplica when none is left to try."""
         assert self.session is not None
-        return self.session.post(url, json=body)
+        tried: list[str] = []
+        while True:
+            url = self.upstreams.pick(tried)
+            tried.append(url)
+            ctx = self.session.post(url + "/v1/chat/completions", json=body)
+            try:
+                return ctx, await ctx.__aenter__()
+            except ClientConnectorError as err:  # refused, unreachable: it is not serving
+                self.upstreams.mark_down(url, f"{type(err).__name__}: {err}")
+            except ServerTimeoutError:  # slow, not gone: the client's 502, as before
+                raise
+            except ClientConnectionError:  # dropped or reset before any answer
+                pass
+            self.counts["upstream_retries"] += 1
 
     async def _upstream_error(self, lease, status: int, data: Any, headers) -> web.Response:
         """vLLM's 4xx goes to the client as is; its 5xx is the gateway's 502 (an upstream failure)."""
@@ -347,14 +449,19 @@ class Gateway:
         return error_response(502 if status >= 500 else status, f"upstream vLLM answered {status}: {message}",
                               headers=headers)
 
-    async def _unary(self, url, body, lease, turn, req, want, headers) -> web.Response:
+    async def _unary(self, body, lease, turn, req, want, headers) -> web.Response:
         t0 = time.perf_counter()
         try:
-            async with await self._post(url, body) as resp:
+            ctx, resp = await self._post(body)
+            try:
                 data = await resp.json(content_type=None)
                 status = resp.status
+            finally:
+                await ctx.__aexit__(None, None, None)
         except Exception as err:  # noqa: BLE001 - refused, reset, timeout: the client gets a 502
             self._failed(lease)
+            if isinstance(err, NoReplica):
+                return error_response(503, str(err), "upstream_error")
             return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
         if status != 200:
             return await self._upstream_error(lease, status, data, headers)
@@ -392,15 +499,16 @@ class Gateway:
             if not want["logprobs"] and "logprobs" in c:
                 c["logprobs"] = None
 
-    async def _stream(self, request, url, body, lease, turn, req, want, headers) -> web.StreamResponse:
+    async def _stream(self, request, body, lease, turn, req, want, headers) -> web.StreamResponse:
         t0 = time.perf_counter()
         text, ids, lps, prompt_ids, finish = [], [], [], None, None
         hold, template, lp_entries = req.tools_active(), None, []  # tools: answer once the reply is whole
         try:
-            ctx = await self._post(url, body)
-            up = await ctx.__aenter__()
+            ctx, up = await self._post(body)
         except Exception as err:  # noqa: BLE001
             self._failed(lease)
+            if isinstance(err, NoReplica):
+                return error_response(503, str(err), "upstream_error")
             return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
         try:
             if up.status != 200:
@@ -527,10 +635,15 @@ class Gateway:
         return web.json_response({"event_id": event["event_id"], "trace_id": event["trace_id"]}, status=202)
 
     async def health(self, _request: web.Request) -> web.Response:
-        """503 once the emitter is dead: turns would be served but not recorded."""
+        """503 once the emitter is dead (turns would be served but not recorded) or no vLLM replica
+        serves (a load balancer in front of several gateways then sends requests to the others).
+        Replica addresses are in /admin/stats only."""
         emitter = self.emitter.health()
-        ok = emitter.get("state") != "dead"
-        return web.json_response({"ok": ok, "emitter": emitter}, status=200 if ok else 503)
+        serving = len(self.upstreams.serving())
+        ok = emitter.get("state") != "dead" and serving > 0
+        return web.json_response({"ok": ok, "emitter": emitter,
+                                  "replicas": {"serving": serving, "of": len(self.upstreams.urls)}},
+                                 status=200 if ok else 503)
 
     async def openapi(self, _request: web.Request) -> web.Response:
         return web.json_response(self._openapi)
@@ -563,12 +676,12 @@ class Gateway:
         if action == "deploy":
             d = parse(schemas.DeployRequest, await self._body(request))
             run, tenant, task = (lambda: operations.deploy(self.cfg, d.tenant, d.task, d.version, d.who or "admin",
-                                                           d.why, force=d.force, swapper=self.deployer.promote),
+                                                           d.why, force=d.force, gateway=self.handle()),
                                  d.tenant, d.task)
         else:
             r = parse(schemas.RollbackRequest, await self._body(request))
             run, tenant, task = (lambda: operations.rollback(self.cfg, r.tenant, r.task, r.who or "admin", r.why,
-                                                             swapper=self.deployer.promote), r.tenant, r.task)
+                                                             gateway=self.handle()), r.tenant, r.task)
         try:
             result = await asyncio.to_thread(run)
         except operations.Refused as err:
@@ -613,9 +726,10 @@ class Gateway:
     async def admin_canary_start(self, request: web.Request) -> web.Response:
         def run(b: schemas.CanaryRequest) -> dict[str, Any]:
             share = b.share if b.share is not None else self.cfg.for_target(b.tenant, b.task).canary.share
-            record = self.deployer.start_canary(b.tenant, b.task, b.version, share, b.who or "admin", b.why)
+            record = self.deployer.start_canary(b.tenant, b.task, b.version, share, b.who or "admin", b.why,
+                                                b.canary_id)
             return {**record, "registry": operations.record_canary(self.cfg, b.tenant, b.task, b.version, True,
-                                                        b.who or "admin", b.why)}
+                                                                   b.who or "admin", b.why, record["canary_id"])}
         return await self._canary(request, schemas.CanaryRequest, run)
 
     async def admin_canary_share(self, request: web.Request) -> web.Response:
@@ -660,4 +774,5 @@ class Gateway:
                    **dict(zip(("requests", "failed_requests"), self.router.ended(r.tenant, r.task))),
                    "canary": None if r.canary is None else {"version": r.canary.version, "share": r.canary.share}}
                   for r in self.router.routes()]
-        return web.json_response({"gateway": self.counts, "emitter": self.emitter.stats(), "routes": routes})
+        return web.json_response({"gateway": self.counts, "emitter": self.emitter.stats(), "routes": routes,
+                                  "replicas": self.upstreams.stats(), "last_reconcile": self.last_reconcile})

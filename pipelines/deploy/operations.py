@@ -3,7 +3,7 @@
 `champion` is what should serve; these are the only ways a person moves it (the gate moves it
 too, pipelines/adapters/promote.py), and each reconciles the gateway at once, so the route follows
 within the command. The gateway's `/admin/deploy` and `/admin/rollback` are `deploy` and
-`rollback` here too (with the gateway's own swap primitive as ``swapper``). Nothing automatic
+`rollback` here too (with the gateway itself as ``gateway``: its router and swap primitive). Nothing automatic
 undoes them: the `deployment` asset reconciles to the same alias, and a rolled-back version is
 never promoted again except by `deploy` here.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.config import TracerlConfig
-from pipelines.deploy.reconcile import ReconcileReport, Swapper, TargetResult, reconcile
+from pipelines.deploy.reconcile import GatewayHandle, ReconcileReport, TargetResult, reconcile
 
 
 class Refused(RuntimeError):
@@ -76,22 +76,23 @@ def _version(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int) -
 
 
 def _settle(cfg: TracerlConfig, action: str, tenant: str, task: str, registry: dict[str, Any],
-            who: str, swapper: Swapper | None = None) -> ActionResult:
-    report: ReconcileReport = reconcile(cfg, [(tenant, task)], who=who, swapper=swapper)
+            who: str, gateway: GatewayHandle | None = None) -> ActionResult:
+    # inside a gateway its admin API moves canaries itself: the champion only
+    report: ReconcileReport = reconcile(cfg, [(tenant, task)], who=who, gateway=gateway, canaries=gateway is None)
     return ActionResult(action, tenant, task, registry, report.targets[0], report.gateway_running)
 
 
 def rollback(cfg: TracerlConfig, tenant: str, task: str, who: str, why: str,
-             swapper: Swapper | None = None) -> ActionResult:
+             gateway: GatewayHandle | None = None) -> ActionResult:
     """`champion` back to the version it replaced; the current one is marked rolled back."""
     from pipelines.adapters import promote
 
     done = promote.rollback(cfg, tenant, task, who=who, why=_why(why, "rollback"))
-    return _settle(cfg, "rollback", tenant, task, done, who, swapper)
+    return _settle(cfg, "rollback", tenant, task, done, who, gateway)
 
 
 def deploy(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who: str, why: str,
-           force: bool = False, swapper: Swapper | None = None) -> ActionResult:
+           force: bool = False, gateway: GatewayHandle | None = None) -> ActionResult:
     """`champion` to adapter ``adapter_version``. Refused (``Refused``) for a version the gate
     rejected (reject, contaminated) or a reviewer rejected, unless ``force``: then recorded as a
     forced override with who and why. A version never gated is deployed (the operator's call)."""
@@ -126,7 +127,7 @@ def deploy(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who
         done = promote.move_champion(cfg, tenant, task, str(mv.version), action=action, who=who, why=why,
                                      extra_tags=extra)
         done["gate_decision"] = decision or "none (never gated)"
-    return _settle(cfg, "deploy", tenant, task, done, who, swapper)
+    return _settle(cfg, "deploy", tenant, task, done, who, gateway)
 
 
 def approve(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, who: str, why: str) -> ActionResult:
@@ -162,7 +163,7 @@ def approve_tagged(cfg: TracerlConfig, approval_tag: str) -> list[ActionResult]:
 
 
 def record_canary(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, started: bool,
-                  who: str, why: str) -> str:
+                  who: str, why: str, canary_id: str | None = None) -> str:
     """Write a canary the gateway's admin API just started or stopped into the registry, which
     every other path reads as the truth (``challenger`` with status ``canary``): the reconciler
     then keeps the gateway that way. Never fails the gateway action: an unregistered adapter or an
@@ -174,7 +175,7 @@ def record_canary(cfg: TracerlConfig, tenant: str, task: str, adapter_version: i
         if mv is None:
             return f"adapter v{adapter_version} is not registered: the registry is unchanged"
         if started:
-            promote.enter_canary(cfg, tenant, task, str(mv.version), who, why)
+            promote.enter_canary(cfg, tenant, task, str(mv.version), who, why, canary_id)
             return f"registry version {mv.version} is the challenger (status canary)"
         if mv.tags.get(promote.STATUS) == promote.CANARY:
             promote.end_canary(cfg, tenant, task, str(mv.version), promote.CANARY_ENDED, f"stopped by {who}: {why}")

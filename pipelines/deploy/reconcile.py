@@ -4,7 +4,8 @@ Controller style. For each tenant/task, the desired adapter version is the regis
 `champion` alias and the live one is the gateway's route (`<home>/deploy/routes.json`, which
 the gateway rewrites on every flip). Where they differ, one hot swap through the gateway's
 reconciler-only swap route (`service.swap`), or, inside the gateway (its `/admin/deploy` and
-`/admin/rollback`), its own swap primitive (``swapper``: no HTTP call back into itself); where
+`/admin/rollback`, and its reconcile loop), its own router and swap primitive (``GatewayHandle``:
+no HTTP call back into itself); where
 they agree, nothing. So it is safe to run any time, as often
 as wanted: the `deployment` asset runs it after every gate and hourly, and every operator
 action (pipelines/deploy/operations.py) runs it right after moving the alias. Nothing here
@@ -31,6 +32,18 @@ Step = Literal["in_sync", "no_champion", "wait", "swap"]
 CanaryStep = Literal["none", "in_sync", "start", "stop", "replace", "wait"]
 Outcome = Literal["in_sync", "no_champion", "waiting", "swapped", "failed"]
 Swapper = Callable[[str, str, int, str], dict[str, Any]]  # (tenant, task, version, who) -> the swap record
+
+
+@dataclass
+class GatewayHandle:
+    """What reconcile acts on when it runs inside a gateway (each of several reconciles itself):
+    its router (what it serves), its swap primitive, and its canary start/stop. Outside, reconcile
+    reads routes.json and calls the running gateway's admin API instead."""
+
+    router: Any                                                   # pipelines.deploy.routing.Router
+    swap: Swapper
+    start_canary: Callable[..., Any]  # (tenant, task, version, share, who, why, canary_id)
+    stop_canary: Callable[[str, str, str, str], Any]               # (tenant, task, who, why)
 
 
 def plan(desired: int | None, live: int | None, gateway_running: bool) -> Step:
@@ -122,10 +135,10 @@ def default_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:
 
 
 def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
-              who: str = "reconcile", swapper: Swapper | None = None) -> ReconcileReport:
-    """Make the gateway serve each target's champion; ``who`` lands in the swap log. ``swapper``:
-    the swap primitive of the gateway this runs in (then the gateway is running by definition);
-    without it, the running gateway's swap route."""
+              who: str = "reconcile", gateway: GatewayHandle | None = None, canaries: bool = True) -> ReconcileReport:
+    """Make the gateway serve each target's champion, and its canary unless ``canaries`` is off;
+    ``who`` lands in the swap log. ``gateway``: the gateway this runs in (running by definition);
+    without it, the running gateway of ``<home>/run/gateway.json``, through its admin API."""
     from pipelines.deploy.deployer import DeployError
     from pipelines.deploy.routing import Router
     from pipelines.deploy.service import GatewayError, read_gateway_state, swap
@@ -133,10 +146,12 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
     from pipelines.adapters.registry import CHAMPION
 
     routes = cfg.home / "deploy" / "routes.json"
-    do_swap: Swapper = swapper or (lambda tenant, task, version, by: swap(cfg, tenant, task, version, who=by))
-    report = ReconcileReport(gateway_running=swapper is not None or read_gateway_state(cfg) is not None)
+    live_of = gateway.router.live if gateway is not None else (lambda tenant, task: Router(routes).live(tenant, task))
+    do_swap: Swapper = gateway.swap if gateway is not None else \
+        (lambda tenant, task, version, by: swap(cfg, tenant, task, version, who=by))
+    report = ReconcileReport(gateway_running=gateway is not None or read_gateway_state(cfg) is not None)
     for tenant, task in (default_targets(cfg) if targets is None else targets):
-        live = Router(routes).live(tenant, task)
+        live = live_of(tenant, task)
         before = live.version if live else None
         mv = alias_version(cfg, tenant, task, CHAMPION)
         desired = tag_version(mv) if mv is not None else None
@@ -149,13 +164,13 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         try:
             result.swap = do_swap(tenant, task, desired, who)
         except (GatewayError, DeployError, OSError) as e:  # the old version keeps serving; go on with the others
-            raced = Router(routes).live(tenant, task)
+            raced = live_of(tenant, task)
             if raced is not None and raced.version == desired:  # another reconcile swapped it meanwhile
                 result.after, result.outcome = desired, "in_sync"
             else:
                 result.outcome, result.reason = "failed", str(e)
             continue
-        now_live = Router(routes).live(tenant, task)  # the gateway wrote the flip
+        now_live = live_of(tenant, task)  # the gateway wrote the flip
         result.after = now_live.version if now_live else None
         if result.after != desired:
             result.outcome, result.reason = "failed", f"the gateway answered but routes {label(result.after)}"
@@ -163,22 +178,35 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         result.reason = mv.tags.get(REASON) or "champion"
         _record_served(cfg, tenant, task, str(mv.version), before, desired, result.reason,
                        (result.swap or {}).get("at"))
-    if swapper is None:  # inside the gateway its admin API moves canaries itself
+    if canaries:
         for result in report.targets:
             if result.outcome != "failed":
                 result.canary = _reconcile_canary(cfg, result.tenant, result.task, result.champion, who,
-                                                  report.gateway_running)
+                                                  report.gateway_running, gateway)
     return report
 
 
 def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int | None, who: str,
-                      gateway_running: bool) -> str:
+                      gateway_running: bool, gateway: GatewayHandle | None = None) -> str:
     """Make the route's canary what the registry says (``plan_canary``); a line saying what was done."""
     from pipelines.adapters import promote, registry
+    from pipelines.deploy.deployer import DeployError
     from pipelines.deploy.routing import Router
     from pipelines.deploy.service import GatewayError, canary
 
-    live = Router(cfg.home / "deploy" / "routes.json").live(tenant, task)
+    def start(version: int, share: float, why: str, canary_id: str | None) -> None:
+        if gateway is not None:
+            gateway.start_canary(tenant, task, version, share, who, why, canary_id)
+        else:
+            canary(cfg, "start", tenant, task, version=version, share=share, who=who, why=why, canary_id=canary_id)
+
+    def stop(why: str) -> None:
+        if gateway is not None:
+            gateway.stop_canary(tenant, task, who, why)
+        else:
+            canary(cfg, "stop", tenant, task, who=who, why=why)
+
+    live = (gateway.router if gateway is not None else Router(cfg.home / "deploy" / "routes.json")).live(tenant, task)
     running = live.canary.version if live is not None and live.canary is not None else None
     mv = promote.canary_version(cfg, tenant, task)
     desired = tag_version(mv) if mv is not None else None
@@ -192,12 +220,12 @@ def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int 
     try:
         if step in ("stop", "replace"):
             why = f"the registry says {live_mv.tags.get(promote.STATUS) if live_mv is not None else 'another version'}"
-            canary(cfg, "stop", tenant, task, who=who, why=why)
+            stop(why)
         if step in ("start", "replace"):
             # this target's share, sent: the gateway's own config may lack the entry that set it
-            canary(cfg, "start", tenant, task, version=desired, share=cfg.for_target(tenant, task).canary.share,
-                   who=who, why=f"registry version {mv.version} is the challenger (status canary)")
-    except (GatewayError, OSError) as e:
+            start(desired, cfg.for_target(tenant, task).canary.share,
+                  f"registry version {mv.version} is the challenger (status canary)", mv.tags.get(promote.CANARY_ID))
+    except (GatewayError, DeployError, OSError) as e:
         return f"{step} failed: {e}"
     return {"stop": f"stopped {label(running)}", "start": f"started {label(desired)}",
             "replace": f"replaced {label(running)} with {label(desired)}"}[step]

@@ -422,6 +422,9 @@ class CanaryRequest(Strict):
     share: Share | None = None
     who: Name | None = None
     why: Why
+    # the registry's id of this canary (its ``tracerl.canary.id`` tag), sent by the reconciler: every
+    # gateway started with it puts each conversation on the same side; absent, a new one
+    canary_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = None
 
 
 class CanaryShareRequest(Strict):
@@ -602,7 +605,7 @@ def openapi(version: str = "1") -> dict[str, Any]:
                                            "adminKey", 200, "SwapRequest", (409,), description=SWAP_DESCRIPTION)},
             "/admin/swaps": {"get": _op("List swap records, oldest first", "adminKey", 200, errors=(400,), params=[
                 {"name": "limit", "in": "query", "required": False, "schema": limit}])},
-            "/admin/stats": {"get": _op("Gateway, emitter and route counters", "adminKey", 200)},
+            "/admin/stats": {"get": _op("Gateway, emitter, route and vLLM replica counters", "adminKey", 200)},
             "/admin/canary": {"post": _op("Start a canary: a challenger version serves a share of the conversations",
                                           "adminKey", 200, "CanaryRequest", (409,), description=CANARY_DESCRIPTION),
                               "get": _op("Every running canary: version, share, requests per side", "adminKey", 200)},
@@ -610,7 +613,7 @@ def openapi(version: str = "1") -> dict[str, Any]:
                                                 "CanaryShareRequest", (409,), description=CANARY_DESCRIPTION)},
             "/admin/canary/stop": {"post": _op("Stop a canary: all traffic back to the champion", "adminKey", 200,
                                                "CanaryStopRequest", (409,), description=CANARY_DESCRIPTION)},
-            "/health": {"get": _op("Liveness and the emitter's state", None, 200, errors=(503,))},
+            "/health": {"get": _op("Liveness: the emitter's state and how many vLLM replicas serve", None, 200, errors=(503,))},
             "/openapi.json": {"get": _op("This document", None, 200)},
         },
     }

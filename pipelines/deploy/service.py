@@ -57,6 +57,17 @@ def tenant_key(cfg: TracerlConfig, tenant: str) -> str:
     return configured or _secret_file(key_path(cfg.home, tenant), KEY_BYTES)
 
 
+def gateway_dirs(cfg: TracerlConfig, gcfg: GatewayConfig) -> tuple[Path, Path]:
+    """(deploy dir: routes.json and swaps.jsonl, spill dir) of this gateway: ``<home>/deploy`` and
+    ``<home>/spill`` for the single gateway, ``<home>/gateways/<instance>/...`` for one of several
+    (each serves from its own router, reconciled to the same registry)."""
+    home = Path(cfg.home)
+    if not gcfg.instance:
+        return home / "deploy", home / "spill"
+    own = home / "gateways" / gcfg.instance
+    return own / "deploy", own / "spill"
+
+
 def key_ring(cfg: TracerlConfig, gcfg: GatewayConfig, admin: str):
     """The gateway's keys: configured ones plus `<home>/gateway/keys/*.key`, followed while it runs."""
     from pipelines.deploy.keys import KeyRing, key_folder
@@ -70,6 +81,7 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
     from pipelines.deploy.deployer import Deployer
     from pipelines.deploy.emitter import Emitter, EmitterConfig
     from pipelines.deploy.routing import Router
+    from pipelines.deploy.upstreams import Upstreams
     from pipelines.deploy.vllm_server import read_state
     from pipelines.models.registry import base_model_hash
     from pipelines.adapters.store import AdapterStore
@@ -82,15 +94,26 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
         if state is None:
             raise GatewayError("no vLLM to serve: start it (tracerl start vllm) or set gateway.upstreams")
         upstreams = [state.base_url]
-    roots = {m["root"] for url in upstreams for m in admin.list_models(url) if m.get("parent") is None}
+    roots, down = set(), {}
+    for url in upstreams:  # a replica down now starts out of the round-robin; it joins when it answers
+        try:
+            roots |= {m["root"] for m in admin.list_models(url) if m.get("parent") is None}
+        except admin.VllmAdminError as err:
+            if err.status is not None:
+                raise GatewayError(f"vLLM at {url}: {err}") from None
+            down[url] = str(err)
+    if len(down) == len(upstreams):
+        raise GatewayError(f"no vLLM replica answers: {'; '.join(down.values())}")
     if len(roots) != 1:
         raise GatewayError(f"upstreams {upstreams} serve different base models {sorted(roots)}; use one base")
-    base_hash = base_model_hash(Path(roots.pop()))
-    router = Router(home / "deploy" / "routes.json")
-    deployer = Deployer(router, upstreams, AdapterStore(cfg.adapter_root), base_hash,
-                        home / "deploy" / "swaps.jsonl", gcfg.drain_timeout_s)
+    root = roots.pop()
+    base_hash = base_model_hash(Path(root))
+    deploy_dir, spill_dir = gateway_dirs(cfg, gcfg)
+    router = Router(deploy_dir / "routes.json")
+    deployer = Deployer(router, Upstreams(upstreams, down), AdapterStore(cfg.adapter_root), base_hash,
+                        deploy_dir / "swaps.jsonl", gcfg.drain_timeout_s, base_root=root, home=home)
     deployer.restore()
-    emitter = Emitter(cfg, home / "spill", EmitterConfig(queue_size=gcfg.queue_size,
+    emitter = Emitter(cfg, spill_dir, EmitterConfig(queue_size=gcfg.queue_size,
                                                           replay_interval_s=gcfg.replay_interval_s),
                       **emitter_options)
     secret = _secret_file(home / "gateway" / "secret").encode()
@@ -140,7 +163,7 @@ def serve(cfg: TracerlConfig) -> None:
 
     gcfg = gateway_config(cfg)
     gateway = build_gateway(cfg, gcfg)
-    print(f"tracerl gateway on http://{gcfg.host}:{gcfg.port} -> {gateway.deployer.upstreams}", flush=True)
+    print(f"tracerl gateway on http://{gcfg.host}:{gcfg.port} -> {gateway.upstreams.urls}", flush=True)
     try:
         web.run_app(gateway.app(), host=gcfg.host, port=gcfg.port or 0, access_log=None, print=None)
     finally:
