@@ -235,7 +235,7 @@ def describe(run: LoopRun, cfg: TracerlConfig) -> list[str]:
                          " (primary suite)")
     if run.error:
         lines.append(f"  failed:    {run.error}")
-    live = Router(cfg.home / "deploy" / "routes.json").live(tenant, task)  # the gateway's own record
+    live = Router(cfg.routes_path).live(tenant, task)  # the gateway's own record
     champion = registry.adapter_for_alias(cfg, tenant, task, registry.CHAMPION)
     lines.append(f"  serving:   {'v' + str(live.version) if live else 'nothing routed (the base model)'} "
                  f"(registry champion: {'v' + str(champion) if champion is not None else 'none'})")

@@ -52,7 +52,7 @@ def _suites_dir(cfg: TracerlConfig) -> Path:
 def _routes(cfg: TracerlConfig) -> dict[tuple[str, str], int]:
     from pipelines.deploy.routing import Router
 
-    return {(r.tenant, r.task): r.version for r in Router(cfg.home / "deploy" / "routes.json").routes()}
+    return {(r.tenant, r.task): r.version for r in Router(cfg.routes_path).routes()}
 
 
 def _subdirs(folder: Path) -> list[str]:

@@ -47,7 +47,7 @@ def adapter_rows(cfg: TracerlConfig, tenant: str | None = None, task: str | None
     from pipelines.deploy.routing import Router
 
     store = AdapterStore(cfg.adapter_root)
-    router = Router(cfg.home / "deploy" / "routes.json")
+    router = Router(cfg.routes_path)
     rows = []
     for t, k in store.targets():
         if (tenant is not None and t != tenant) or (task is not None and k != task):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from pipelines.adapters import promote
@@ -66,12 +65,12 @@ class CanaryStep:
 
 def live_canaries(cfg: TracerlConfig) -> list[Live]:
     """Routes that run a canary now, as the gateway last wrote them."""
-    return [r for r in Router(Path(cfg.home) / "deploy" / "routes.json").routes() if r.canary is not None]
+    return [r for r in Router(cfg.routes_path).routes() if r.canary is not None]
 
 
 def advance(cfg: TracerlConfig, tenant: str, task: str, now: datetime | None = None) -> CanaryStep:
     """One step of the tenant/task's canary; ``no_canary`` when none runs."""
-    live = Router(Path(cfg.home) / "deploy" / "routes.json").live(tenant, task)
+    live = Router(cfg.routes_path).live(tenant, task)
     if live is None or live.canary is None:
         return CanaryStep(tenant, task, "no_canary")
     c = live.canary

@@ -77,6 +77,13 @@ class TracerlConfig:
     def adapter_root(self) -> Path:
         return self.home / "adapters"
 
+    @property
+    def routes_path(self) -> Path:
+        """What the gateway serves (its router's state), as reconcile, the canary steps and the
+        tables read it; a gateway with an ``instance`` of several keeps its own under
+        ``gateways/<instance>/`` (``pipelines.deploy.service.gateway_dirs``)."""
+        return self.home / "deploy" / "routes.json"
+
     def gate_replies_dir(self, tenant: str, task: str) -> Path:
         """Eval replies the gate keeps per set of weights (pipelines/gate/reply_cache.py), one
         folder per target: a tenant's private eval replies are never read for another's."""

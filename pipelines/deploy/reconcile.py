@@ -145,8 +145,8 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
     from pipelines.adapters.promote import REASON, alias_version
     from pipelines.adapters.registry import CHAMPION
 
-    routes = cfg.home / "deploy" / "routes.json"
-    live_of = gateway.router.live if gateway is not None else (lambda tenant, task: Router(routes).live(tenant, task))
+    live_of = gateway.router.live if gateway is not None else \
+        (lambda tenant, task: Router(cfg.routes_path).live(tenant, task))
     do_swap: Swapper = gateway.swap if gateway is not None else \
         (lambda tenant, task, version, by: swap(cfg, tenant, task, version, who=by))
     report = ReconcileReport(gateway_running=gateway is not None or read_gateway_state(cfg) is not None)
@@ -206,7 +206,7 @@ def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int 
         else:
             canary(cfg, "stop", tenant, task, who=who, why=why)
 
-    live = (gateway.router if gateway is not None else Router(cfg.home / "deploy" / "routes.json")).live(tenant, task)
+    live = (gateway.router if gateway is not None else Router(cfg.routes_path)).live(tenant, task)
     running = live.canary.version if live is not None and live.canary is not None else None
     mv = promote.canary_version(cfg, tenant, task)
     desired = tag_version(mv) if mv is not None else None

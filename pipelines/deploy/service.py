@@ -63,7 +63,7 @@ def gateway_dirs(cfg: TracerlConfig, gcfg: GatewayConfig) -> tuple[Path, Path]:
     (each serves from its own router, reconciled to the same registry)."""
     home = Path(cfg.home)
     if not gcfg.instance:
-        return home / "deploy", home / "spill"
+        return cfg.routes_path.parent, home / "spill"
     own = home / "gateways" / gcfg.instance
     return own / "deploy", own / "spill"
 
