@@ -90,9 +90,11 @@ def enter_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, who: 
         return
     if old is not None:
         end_canary(cfg, tenant, task, str(old.version), CANARY_ENDED, f"replaced by version {version} ({who})")
+    # the id before the alias and the status (tags are set one at a time): a gateway that reads
+    # this version as the canary (challenger, status canary) reads its id too
+    set_tags(cfg, tenant, task, version, {CANARY_ID: canary_id or uuid.uuid4().hex, "tracerl.canary.started_by": who})
     client(cfg).set_registered_model_alias(model_name(tenant, task), CHALLENGER, str(version))
-    set_tags(cfg, tenant, task, version, {STATUS: CANARY, "tracerl.canary.started_by": who,
-                                          CANARY_ID: canary_id or uuid.uuid4().hex})
+    set_tags(cfg, tenant, task, version, {STATUS: CANARY})
     note_history(cfg, tenant, task, version, f"became challenger serving a canary: {who}" + (f": {why}" if why else ""))
 
 
