@@ -7,9 +7,12 @@ reader or a crash never sees half a thing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def fsync_dir(path: Path) -> None:
@@ -37,3 +40,16 @@ def write_json_atomic(path: Path, obj: object) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive across the processes of one host (``flock`` on ``path``, created if absent)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from pipelines.config import TracerlConfig
+from pipelines.durable import file_lock
 
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
 # tracerl's runs are model training (learner, gate, canary), not GenAI traces: production turns live
@@ -44,11 +45,33 @@ def use_store(uri: str) -> None:
         os.environ[TRACKING_ENV] = before
 
 
+_created: set[str] = set()
+
+
 def client(cfg: TracerlConfig):
     from mlflow import MlflowClient
 
     use_store(cfg.tracking_uri)
+    if cfg.mlflow.tracking_uri is None and cfg.tracking_uri not in _created:
+        create_store(cfg)
     return MlflowClient(cfg.tracking_uri)
+
+
+def create_store(cfg: TracerlConfig) -> None:
+    """Build the embedded SQLite store's schema once, one process at a time.
+
+    MLflow creates a new store's tables on first connect, one migration after another; a second
+    process connecting meanwhile (a Dagster sensor beside a CLI, the MLflow server beside a learner)
+    reads a half-migrated schema and fails with "out-of-date database schema". The first connect of
+    each process on a home holds ``<home>/mlflow.db.lock``; later connects only read the schema."""
+    from mlflow import MlflowClient
+
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    with file_lock(cfg.home / "mlflow.db.lock"):
+        c = MlflowClient(cfg.tracking_uri)
+        c.search_experiments(max_results=1)       # the tracking store's tables
+        c.search_registered_models(max_results=1)  # the model registry's
+    _created.add(cfg.tracking_uri)
 
 
 def experiment_id(cfg: TracerlConfig, name: str | None = None) -> str:

@@ -52,3 +52,35 @@ def test_a_run_opened_after_the_work_is_dated_from_when_the_work_began(tmp_path,
     # the experiment opens on its runs in MLflow 3's UI, not on the GenAI traces overview
     exp = tracking.client(cfg).get_experiment(run.info.experiment_id)
     assert exp.tags[tracking.EXPERIMENT_KIND[0]] == "custom_model_development"
+
+
+def _open_store_at(home: str, at: float) -> str:
+    """In a fresh process: wait until ``at``, then open the embedded store of ``home``; the error, if any."""
+    import time
+
+    from pipelines.config import TracerlConfig
+
+    os.environ.pop(tracking.TRACKING_ENV, None)
+    time.sleep(max(0.0, at - time.time()))
+    try:
+        tracking.client(TracerlConfig(home=home)).search_registered_models()
+        return ""
+    except Exception as e:  # noqa: BLE001 - the test reports what failed
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+def test_processes_opening_a_new_store_at_once_all_find_it_whole(tmp_path):
+    """MLflow builds a new SQLite store's schema on first connect, one migration at a time; a second
+    process meanwhile read a half-built schema ("Detected out-of-date database schema", seen in CI: a
+    test's learner run beside the Dagster daemon of `tracerl up` on a fresh home). Three processes
+    open each of two fresh homes at the same instant: every one finds the whole schema."""
+    import multiprocessing
+    import time
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        for n in range(2):
+            home = str(tmp_path / f"home{n}")
+            at = time.time() + 8.0  # past the workers' interpreter start and imports
+            errors = pool.starmap(_open_store_at, [(home, at)] * 3)
+            assert errors == ["", "", ""], errors

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from pipelines import tracking
 from pipelines.config import TracerlConfig
 from pipelines.services import process
 
@@ -30,6 +31,8 @@ def start_mlflow(cfg: TracerlConfig, port: int | None = None, timeout: float = 1
     mlflow = Path(sys.executable).parent / "mlflow"
     port = port or process.free_port(DEFAULT_PORT)
     cfg.artifact_root.mkdir(parents=True, exist_ok=True)
+    if embedded(cfg):
+        tracking.create_store(cfg)  # the server finds a complete schema, never builds it beside a learner
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
     state = process.spawn(

@@ -18,7 +18,6 @@ leave no orphan holding a port or a GPU.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -31,6 +30,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator, TypeVar
+
+from pipelines.durable import file_lock
 
 HOST = "127.0.0.1"
 
@@ -113,14 +114,8 @@ def state_path(run_dir: Path, name: str) -> Path:
 @contextmanager
 def lock(run_dir: Path, name: str) -> Iterator[None]:
     """Serialize start/stop of one service across processes (two CLIs must not start two)."""
-    path = Path(run_dir) / f"{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with file_lock(Path(run_dir) / f"{name}.lock"):
+        yield
 
 
 def recorded(run_dir: Path, name: str, cls: type[S] = ProcessState) -> S | None:  # type: ignore[assignment]
