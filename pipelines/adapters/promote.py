@@ -36,6 +36,7 @@ Deploy = Callable[[str, str, int], Any]  # (tenant, task, adapter_version): make
 STATUS, DECISION = "tracerl.gate.status", "tracerl.gate.decision"
 AWAITING, PROMOTED, REJECTED, ROLLED_BACK = "awaiting_approval", "promoted", "rejected", "rolled_back"
 CANARY_ID = "tracerl.canary.id"  # the id that decides each conversation's side (routing.bucket)
+CANARY_SHARE = "tracerl.canary.share"  # the challenger's share of conversations, as every gateway runs it
 CANARY, CANARY_ENDED = "canary", "canary_ended"  # serving a canary now; a canary of it expired or was stopped
 PREVIOUS = "tracerl.previous_champion"
 REASON, HISTORY = "tracerl.champion_reason", "tracerl.alias_history"
@@ -81,10 +82,11 @@ def canary_version(cfg: TracerlConfig, tenant: str, task: str) -> Any | None:
 
 
 def enter_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, who: str, why: str = "",
-                 canary_id: str | None = None) -> None:
+                 canary_id: str | None = None, share: float | None = None) -> None:
     """``version`` becomes the challenger that serves a canary (a canary of another version ends).
     ``canary_id``: the id the gateway that started it drew (a new one if None), kept as the
-    ``tracerl.canary.id`` tag so every gateway puts each conversation on the same side."""
+    ``tracerl.canary.id`` tag so every gateway puts each conversation on the same side; ``share``
+    (None: the target's ``canary.share``) as ``tracerl.canary.share``, so every gateway runs it."""
     old = canary_version(cfg, tenant, task)
     if old is not None and str(old.version) == str(version):
         return
@@ -92,10 +94,24 @@ def enter_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, who: 
         end_canary(cfg, tenant, task, str(old.version), CANARY_ENDED, f"replaced by version {version} ({who})")
     # the id before the alias and the status (tags are set one at a time): a gateway that reads
     # this version as the canary (challenger, status canary) reads its id too
-    set_tags(cfg, tenant, task, version, {CANARY_ID: canary_id or uuid.uuid4().hex, "tracerl.canary.started_by": who})
+    tags = {CANARY_ID: canary_id or uuid.uuid4().hex, "tracerl.canary.started_by": who}
+    set_tags(cfg, tenant, task, version, tags | ({} if share is None else {CANARY_SHARE: float(share)}))
     client(cfg).set_registered_model_alias(model_name(tenant, task), CHALLENGER, str(version))
     set_tags(cfg, tenant, task, version, {STATUS: CANARY})
     note_history(cfg, tenant, task, version, f"became challenger serving a canary: {who}" + (f": {why}" if why else ""))
+
+
+def canary_share(cfg: TracerlConfig, tenant: str, task: str, mv: Any) -> float:
+    """The share the registry's canary ``mv`` runs at: its tag, else the target's ``canary.share``."""
+    tag = mv.tags.get(CANARY_SHARE)
+    return float(tag) if tag is not None else cfg.for_target(tenant, task).canary.share
+
+
+def set_canary_share(cfg: TracerlConfig, tenant: str, task: str, version: str, share: float, who: str,
+                     why: str = "") -> None:
+    """The canary of ``version`` runs at ``share`` from now on, on every gateway (each reconciles to it)."""
+    set_tags(cfg, tenant, task, version, {CANARY_SHARE: float(share)})
+    note_history(cfg, tenant, task, version, f"canary share {share}: {who}" + (f": {why}" if why else ""))
 
 
 def end_canary(cfg: TracerlConfig, tenant: str, task: str, version: str, status: str, why: str) -> None:

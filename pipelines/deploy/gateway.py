@@ -217,7 +217,7 @@ class Gateway:
         from pipelines.deploy.reconcile import GatewayHandle
 
         return GatewayHandle(self.router, self.deployer.promote, self.deployer.start_canary,
-                             self.deployer.stop_canary)
+                             self.deployer.stop_canary, self.deployer.set_share)
 
     def reconcile_now(self):
         """This gateway to the registry (pipelines/deploy/reconcile.py): each target's champion, and
@@ -729,12 +729,17 @@ class Gateway:
             record = self.deployer.start_canary(b.tenant, b.task, b.version, share, b.who or "admin", b.why,
                                                 b.canary_id)
             return {**record, "registry": operations.record_canary(self.cfg, b.tenant, b.task, b.version, True,
-                                                                   b.who or "admin", b.why, record["canary_id"])}
+                                                                   b.who or "admin", b.why, record["canary_id"], share)}
         return await self._canary(request, schemas.CanaryRequest, run)
 
     async def admin_canary_share(self, request: web.Request) -> web.Response:
-        return await self._canary(request, schemas.CanaryShareRequest, lambda b: self.deployer.set_share(
-            b.tenant, b.task, b.share, b.who or "admin", b.why or ""))
+        def run(b: schemas.CanaryShareRequest) -> dict[str, Any]:
+            record = self.deployer.set_share(b.tenant, b.task, b.share, b.who or "admin", b.why or "")
+            live = self.router.live(b.tenant, b.task)
+            version = live.canary.version if live is not None and live.canary is not None else None
+            return record if version is None else {**record, "registry": operations.record_canary_share(
+                self.cfg, b.tenant, b.task, version, b.share, b.who or "admin", b.why or "")}
+        return await self._canary(request, schemas.CanaryShareRequest, run)
 
     async def admin_canary_stop(self, request: web.Request) -> web.Response:
         def run(b: schemas.CanaryStopRequest) -> dict[str, Any]:

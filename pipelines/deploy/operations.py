@@ -163,7 +163,7 @@ def approve_tagged(cfg: TracerlConfig, approval_tag: str) -> list[ActionResult]:
 
 
 def record_canary(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, started: bool,
-                  who: str, why: str, canary_id: str | None = None) -> str:
+                  who: str, why: str, canary_id: str | None = None, share: float | None = None) -> str:
     """Write a canary the gateway's admin API just started or stopped into the registry, which
     every other path reads as the truth (``challenger`` with status ``canary``): the reconciler
     then keeps the gateway that way. Never fails the gateway action: an unregistered adapter or an
@@ -175,11 +175,28 @@ def record_canary(cfg: TracerlConfig, tenant: str, task: str, adapter_version: i
         if mv is None:
             return f"adapter v{adapter_version} is not registered: the registry is unchanged"
         if started:
-            promote.enter_canary(cfg, tenant, task, str(mv.version), who, why, canary_id)
+            promote.enter_canary(cfg, tenant, task, str(mv.version), who, why, canary_id, share)
             return f"registry version {mv.version} is the challenger (status canary)"
         if mv.tags.get(promote.STATUS) == promote.CANARY:
             promote.end_canary(cfg, tenant, task, str(mv.version), promote.CANARY_ENDED, f"stopped by {who}: {why}")
             return f"registry version {mv.version}: canary ended, challenger dropped"
         return f"registry version {mv.version} keeps status {mv.tags.get(promote.STATUS)!r}"
+    except Exception as err:  # noqa: BLE001 - the gateway did what was asked; say what the registry did not
+        return f"registry not updated ({type(err).__name__}: {err})"
+
+
+def record_canary_share(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int, share: float,
+                        who: str, why: str) -> str:
+    """Write a share the gateway's admin API just set into the registry's canary, so every other
+    gateway's reconcile runs it too (and this one's does not set it back). A note, never a failure."""
+    from pipelines.adapters import promote, registry
+
+    try:
+        mv = promote.canary_version(cfg, tenant, task)
+        if mv is None or str(mv.version) != str(getattr(registry.version_for_adapter(
+                cfg, tenant, task, int(adapter_version)), "version", None)):
+            return f"adapter v{adapter_version} is not the registry's canary: the registry is unchanged"
+        promote.set_canary_share(cfg, tenant, task, str(mv.version), share, who, why)
+        return f"registry version {mv.version} runs at share {share}"
     except Exception as err:  # noqa: BLE001 - the gateway did what was asked; say what the registry did not
         return f"registry not updated ({type(err).__name__}: {err})"

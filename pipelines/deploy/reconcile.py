@@ -44,6 +44,7 @@ class GatewayHandle:
     swap: Swapper
     start_canary: Callable[..., Any]  # (tenant, task, version, share, who, why, canary_id)
     stop_canary: Callable[[str, str, str, str], Any]               # (tenant, task, who, why)
+    set_share: Callable[[str, str, float, str, str], Any]          # (tenant, task, share, who, why)
 
 
 def plan(desired: int | None, live: int | None, gateway_running: bool) -> Step:
@@ -206,6 +207,12 @@ def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int 
         else:
             canary(cfg, "stop", tenant, task, who=who, why=why)
 
+    def reshare(share: float, why: str) -> None:
+        if gateway is not None:
+            gateway.set_share(tenant, task, share, who, why)
+        else:
+            canary(cfg, "share", tenant, task, share=share, who=who, why=why)
+
     live = (gateway.router if gateway is not None else Router(cfg.routes_path)).live(tenant, task)
     running = live.canary.version if live is not None and live.canary is not None else None
     mv = promote.canary_version(cfg, tenant, task)
@@ -213,8 +220,19 @@ def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int 
     live_mv = registry.version_for_adapter(cfg, tenant, task, running) if running is not None else None
     ended = live_mv is not None and live_mv.tags.get(promote.STATUS) != promote.CANARY
     step = plan_canary(desired, running, ended, champion, gateway_running)
-    if step in ("none", "in_sync"):
-        return "" if step == "none" else f"{label(running)} in sync"
+    if step == "none":
+        return ""
+    if step == "in_sync":
+        # a share set on another gateway or in the registry (its tag): every gateway runs it; with no
+        # tag, each keeps the share it started at (its target's canary.share)
+        share = float(mv.tags[promote.CANARY_SHARE]) if promote.CANARY_SHARE in mv.tags else None
+        if share is None or live is None or live.canary is None or abs(live.canary.share - share) < 1e-9:
+            return f"{label(running)} in sync"
+        try:
+            reshare(share, f"registry version {mv.version} runs at share {share}")
+        except (GatewayError, DeployError, OSError) as e:
+            return f"share failed: {e}"
+        return f"{label(running)} share {live.canary.share} -> {share}"
     if step == "wait":
         return f"waiting for gateway (registry: {label(desired)}, routed: {label(running)})"
     try:
@@ -222,8 +240,8 @@ def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int 
             why = f"the registry says {live_mv.tags.get(promote.STATUS) if live_mv is not None else 'another version'}"
             stop(why)
         if step in ("start", "replace"):
-            # this target's share, sent: the gateway's own config may lack the entry that set it
-            start(desired, cfg.for_target(tenant, task).canary.share,
+            # the registry's share (else this target's), sent: the gateway's config may lack the entry
+            start(desired, promote.canary_share(cfg, tenant, task, mv),
                   f"registry version {mv.version} is the challenger (status canary)", mv.tags.get(promote.CANARY_ID))
     except (GatewayError, DeployError, OSError) as e:
         return f"{step} failed: {e}"

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -171,6 +172,14 @@ def test_two_gateways_follow_the_registry_under_load_and_split_a_canary_alike(pa
                        {"model": "support", "messages": HI, "max_tokens": 2, "user": f"user-{k}"})[1]
                   ["tracerl"]["adapter_version"] for k in range(12)] for u in urls]
         assert sides[0] == sides[1] and set(sides[0]) == {2, 3}, sides
+        # a share set on one gateway is the registry's, so the other runs it too (and a's own
+        # reconcile does not set it back)
+        status, body = http(f"{urls[0]}/admin/canary/share", ADMIN,
+                            {"tenant": "acme", "task": "support", "share": 0.2, "why": "less exposure"})
+        assert status == 200 and "share 0.2" in body["registry"], body
+        assert wait_for(lambda: [share_of(u) for u in urls] == [0.2, 0.2], 30), [share_of(u) for u in urls]
+        time.sleep(1.5)  # three more reconcile ticks of each
+        assert [share_of(u) for u in urls] == [0.2, 0.2]
     finally:
         for g in gateways:
             g.stop()
@@ -186,3 +195,8 @@ def canary_of(url: str) -> tuple[int, str] | None:
     _, body = http(f"{url}/admin/canary", ADMIN)
     found = [c for c in body["canaries"] if (c["tenant"], c["task"]) == ("acme", "support")]
     return (found[0]["challenger"], found[0]["id"]) if found else None
+
+
+def share_of(url: str) -> float | None:
+    _, body = http(f"{url}/admin/canary", ADMIN)
+    return next((c["share"] for c in body["canaries"] if (c["tenant"], c["task"]) == ("acme", "support")), None)
