@@ -67,7 +67,8 @@ def canary_settling(context: dg.SensorEvaluationContext, lake: LakeResource):
     running = live_canaries(cfg)
     if not running:
         return dg.SkipReason("no canary running")
-    seq = reward_state(Lake(cfg.lake).manifests()).through_seq if cfg.lake.exists() else 0
+    latest = reward_state(Lake(cfg.lake).manifests()).manifest if cfg.lake.exists() else None
+    seq = latest.seq if latest else 0  # the last reward run's commit: a step once another committed
     known = set(context.instance.get_dynamic_partitions(TARGETS))
     keys = [target_key(r.tenant, r.task) for r in running]
     return dg.SensorResult(

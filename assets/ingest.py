@@ -89,7 +89,7 @@ def lake_events(context: dg.AssetExecutionContext, config: IngestRunConfig, kafk
             "already_landed": r.already_landed,
             "quarantine_reasons": dg.MetadataValue.json(r.reasons),
             "offsets_consumed": dg.MetadataValue.json(r.offsets),
-            "files": dg.MetadataValue.json(r.files),
+            "table_versions": dg.MetadataValue.json(r.versions),  # the Delta versions this run committed
             "kafka_commit": r.kafka_commit,
             "internal_errors": internal,
             "decode_failure": r.isolated or "",

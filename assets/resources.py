@@ -83,8 +83,8 @@ class KafkaResource(ServiceResource):
 
 
 class LakeResource(ServiceResource):
-    """The Parquet lake (`lake_root`, default <home>/lake): its folder and DuckDB views over it
-    (events, rewards, the trained-turns ledger)."""
+    """The lake (`lake_root`, default <home>/lake; its Delta tables where `[tables]` says): its
+    folder and DuckDB views over it (events, rewards, the trained-turns ledger)."""
 
     def root(self) -> Path:
         return self.settings().lake
@@ -93,7 +93,8 @@ class LakeResource(ServiceResource):
         """An in-memory DuckDB with a view per lake table (pipelines/lake/query.py)."""
         from pipelines.lake.query import connect
 
-        return connect(self.root())
+        cfg = self.settings()
+        return connect(cfg.lake, cfg.table_store)
 
 
 class MlflowResource(ServiceResource):

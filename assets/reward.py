@@ -65,7 +65,7 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
     if config.now:
         now = datetime.fromisoformat(config.now)
         now = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now.astimezone(timezone.utc)
-    r = run_rewards(cfg.lake, book, now=now)
+    r = run_rewards(cfg.lake, book, now=now, tables=cfg.table_store)
     context.log.info(f"rewards {r.run_id}: {r.new_signals} new signals, {r.settled} settled, "
                      f"{r.provisional} provisional, corrections {r.corrections}")
     limits = CheckLimits(max_unlabelled_share=config.max_unlabelled_share,

@@ -84,7 +84,7 @@ def main() -> None:
             ingest_eps = n / work
             print(f"round {i + 1} (b) full ingest to Parquet, exactly once: {ingest_eps:,.0f} events/s "
                   f"(poll+validate {r.timings['poll']:.1f}s, land {r.timings['land']:.1f}s, "
-                  f"commit {r.timings['commit']:.2f}s; {len(r.files)} files): ratio {ingest_eps / raw_eps:.2f}")
+                  f"commit {r.timings['commit']:.2f}s; versions {r.versions}): ratio {ingest_eps / raw_eps:.2f}")
             ratios.append(ingest_eps / raw_eps)
         print(f"ingest_vs_raw_ratio={statistics.median(ratios):.2f}")
     finally:

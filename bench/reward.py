@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -36,7 +35,8 @@ import pyarrow as pa  # noqa: E402
 
 from pipelines.ingest.decode import hot_fields  # noqa: E402
 from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS  # noqa: E402
-from pipelines.lake.store import EVENTS, Lake  # noqa: E402
+from pipelines.lake import delta  # noqa: E402
+from pipelines.lake.delta import EVENTS  # noqa: E402
 from pipelines.reward import reference  # noqa: E402
 from pipelines.lake.tables import RewardState  # noqa: E402
 from pipelines.reward.engine import compute, run_rewards  # noqa: E402
@@ -140,34 +140,26 @@ def _row(body: dict, tokens: str = "") -> tuple:
 
 
 def land(root: Path, rows: list[tuple], ingested_at: datetime) -> int:
-    """Write rows as ingest would: one manifest per batch, one file per (tenant, date)."""
-    lake = Lake(root)
+    """Write rows as ingest would: one Delta commit per batch (a file per tenant and date in it)."""
     n_files = 0
     for start in range(0, len(rows), BATCH):
         batch = rows[start:start + BATCH]
         run_id = f"bench-{uuid.uuid4().hex[:8]}"
-        groups: dict[tuple[str, str], list[tuple]] = defaultdict(list)
-        for r in batch:
-            groups[(r[9], r[7].date().isoformat())].append(r)
-        with lake.locked():
-            txn = lake.begin(run_id)
-            for (tenant, day), rs in sorted(groups.items()):
-                cols = list(zip(*rs))
-                n = len(rs)
-                data = {
-                    "event_id": cols[0], "type": cols[1], "schema_version": cols[2], "app": cols[3],
-                    "task": cols[4], "trace_id": cols[5], "turn_id": cols[6], "event_time": cols[7],
-                    "payload": cols[8], "kafka_topic": ["bench"] * n, "kafka_partition": [0] * n,
-                    "kafka_offset": list(range(start, start + n)), "ingested_at": [ingested_at] * n,
-                    "run_id": [run_id] * n,
-                    **{name: cols[10 + k] for k, (name, _) in enumerate(HOT_COLUMNS)},
-                }
-                table = pa.table({f.name: pa.array(data[f.name], f.type) for f in EVENTS_SCHEMA},
-                                 schema=EVENTS_SCHEMA)
-                txn.stage(EVENTS, {"tenant": tenant, "date": day}, table)
-                n_files += 1
-            txn.commit({}, {"landed": len(batch)})
-            txn.publish()
+        cols = list(zip(*batch))
+        n = len(batch)
+        data = {
+            "event_id": cols[0], "type": cols[1], "schema_version": cols[2], "app": cols[3],
+            "task": cols[4], "trace_id": cols[5], "turn_id": cols[6], "event_time": cols[7],
+            "payload": cols[8], "kafka_topic": ["bench"] * n, "kafka_partition": [0] * n,
+            "kafka_offset": list(range(start, start + n)), "ingested_at": [ingested_at] * n,
+            "run_id": [run_id] * n,
+            **{name: cols[10 + k] for k, (name, _) in enumerate(HOT_COLUMNS)},
+        }
+        table = pa.table({f.name: pa.array(data[f.name], f.type) for f in EVENTS_SCHEMA}, schema=EVENTS_SCHEMA)
+        table = table.append_column("tenant", pa.array(cols[9])).append_column(
+            "date", pa.array([t.date().isoformat() for t in cols[7]]))
+        delta.append(root, EVENTS, table)
+        n_files += len(set(zip(cols[9], (t.date() for t in cols[7]))))
     return n_files
 
 
@@ -183,7 +175,7 @@ def main() -> None:
         t = time.monotonic()
         n_files = land(root, rows, ingested_at=end)
         del rows
-        files = sorted(str(p) for p in (root / EVENTS).rglob("*.parquet"))
+        _, files = delta.files(root, EVENTS)
         size = sum(Path(f).stat().st_size for f in files) / 2**20
         print(f"landed {n_files} Parquet files, {size:.0f} MiB zstd, in {time.monotonic() - t:.1f}s")
 

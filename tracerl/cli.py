@@ -36,6 +36,8 @@ def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     for name in SERVICES:
         print(f"{name + ':':9} {stack.status(cfg, name)}")
     print(f"{'lake:':9} {cfg.lake.resolve()}")
+    if cfg.tables.uri:
+        print(f"{'tables:':9} {cfg.tables.uri} (events, quarantine, trained_turns)")
     print(f"{'store:':9} {cfg.tracking_uri}")
     return 0
 
@@ -266,10 +268,17 @@ def cmd_ingest(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lake_migrate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.lake.migrate import migrate
+
+    print(migrate(cfg.lake).line())
+    return 0
+
+
 def cmd_sql(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.lake.query import connect
 
-    con = connect(cfg.lake)
+    con = connect(cfg.lake, cfg.table_store)
     rel = con.sql(args.query)
     if rel is not None:
         if args.format == "json":
@@ -287,7 +296,7 @@ def cmd_reward(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
     now = datetime.fromisoformat(args.now) if args.now else None
     book = load_spec_book(args.spec) if args.spec else reward_spec_book(cfg)  # as the turn_rewards asset
-    r = run_rewards(cfg.lake, book=book, now=now)
+    r = run_rewards(cfg.lake, book=book, now=now, tables=cfg.table_store)
     print(f"reward run {r.run_id}: {r.new_signals} new signals, {r.settled} turns settled "
           f"({r.settled_unlabelled} unlabelled), {r.provisional} provisional, corrections {r.corrections}")
     return 0
@@ -490,6 +499,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group", help="consumer group (default: kafka.group_id)")
     s.add_argument("--topic", help="topic (default: kafka.topic)")
     s.set_defaults(fn=cmd_ingest)
+
+    s = sub.add_parser("lake", help="lake maintenance")
+    lsub = s.add_subparsers(dest="lake_command", required=True)
+    lsub.add_parser("migrate", help="move a lake of the layout before Delta Lake (events, quarantine) onto "
+                    "Delta tables, in place; safe to run again").set_defaults(fn=cmd_lake_migrate)
 
     s = sub.add_parser("sql", help=f"query the lake with DuckDB (views: {', '.join(SQL_VIEWS)})",
                        description=f"Query the lake with DuckDB. Views: {', '.join(SQL_VIEWS)}.")

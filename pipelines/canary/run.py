@@ -76,7 +76,7 @@ def advance(cfg: TracerlConfig, tenant: str, task: str, now: datetime | None = N
     c = live.canary
     started = datetime.fromisoformat(c.started_at.replace("Z", "+00:00"))
     now = now or datetime.now(timezone.utc)
-    sessions = canary_sessions(cfg.lake, tenant, task, started, live.version, c.version)
+    sessions = canary_sessions(cfg.lake, cfg.table_store, tenant, task, started, live.version, c.version)
     # the propensity is the share the canary runs at (a share changed mid-canary: the current one)
     ccfg = dataclasses.replace(cfg.for_target(tenant, task).canary, share=c.share)
     decision = decide(sessions, ccfg, (now - started).total_seconds() / 3600)

@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pipelines.canary.decide import CHALLENGER_ARM, CHAMPION_ARM, Session
+from pipelines.config.tables import TableStore
 from pipelines.lake.query import connect
 
 GUARDRAIL_COLUMNS = ("tool_error_rate", "dissatisfied_rate", "regenerate_rate", "abandoned", "latency_p95_s",
@@ -69,13 +70,13 @@ ORDER BY started, t.trace_id
 """
 
 
-def canary_sessions(lake_root: str | Path, tenant: str, task: str, since: datetime, champion: int,
+def canary_sessions(lake_root: str | Path, tables: TableStore | None, tenant: str, task: str, since: datetime, champion: int,
                     challenger: int) -> list[Session]:
     """The canary's settled sessions in the order they started (the sequential test's order).
 
     A session both arms served (possible only after a gateway restart during a share change) is
     left out: it is evidence for neither."""
-    con = connect(lake_root)
+    con = connect(lake_root, tables)
     try:
         rows = con.execute(SESSIONS_SQL, {"tenant": tenant, "task": task, "since": since, "champion": int(champion),
                                           "challenger": int(challenger)}).fetchall()

@@ -7,6 +7,7 @@ services by configuration only: a `tracerl.toml` file (path in `TRACERL_CONFIG`,
     TRACERL_HOME                 state folder (default ./.tracerl)
     TRACERL_KAFKA_BOOTSTRAP      e.g. "broker1:9092,broker2:9092" (unset = embedded)
     TRACERL_LAKE                 lake root (default $TRACERL_HOME/lake)
+    TRACERL_TABLES_URI           the lake's Delta tables on an object store, "s3://bucket/prefix"
     MLFLOW_TRACKING_URI          tracking store (unset = embedded SQLite)
 
 One module per section (kafka, ingest, mlflow, learner, train, gate, serve, gateway, reward), the
@@ -35,6 +36,7 @@ from pipelines.config.mlflow import MlflowConfig
 from pipelines.config.parse import ConfigError
 from pipelines.config.reward import RewardConfig
 from pipelines.config.serve import ServeConfig
+from pipelines.config.tables import TableStore, TablesConfig
 from pipelines.config.tracerl import PER_TARGET, TracerlConfig
 from pipelines.config.train import (
     KTOObjective,
@@ -51,5 +53,5 @@ __all__ = [
     "GatewayConfig",
     "IngestConfig", "KTOObjective", "KafkaConfig", "LearnerConfig", "LoraSettings", "MlflowConfig",
     "Objective", "OptimizerSettings", "PolicyGradientObjective", "RewardConfig", "ServeConfig",
-    "SignatureConfig", "StalenessSettings", "TracerlConfig", "TrainConfig", "gate_config", "load_config",
+    "SignatureConfig", "StalenessSettings", "TableStore", "TablesConfig", "TracerlConfig", "TrainConfig", "gate_config", "load_config",
 ]

@@ -27,8 +27,14 @@ class IngestConfig:
     # Direct Kafka producers: topic -> the one tenant allowed on it; an event on a mapped topic
     # claiming another tenant is quarantined (`tenant_mismatch`). Empty: trust the event's tenant.
     topic_tenants: dict[str, str] = field(default_factory=dict)
+    # This worker's partitions of the topic, assigned, not balanced by the group: one worker per
+    # partition set (hosts apart; the lake's Delta tables take their appends at once). Empty: the
+    # consumer group balances the topic's partitions over the workers that join it.
+    partitions: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if any(not isinstance(p, int) or p < 0 for p in self.partitions) or len(set(self.partitions)) < len(self.partitions):
+            raise ValueError(f"ingest.partitions: {self.partitions!r}: expected distinct partition numbers >= 0")
         for topic, tenant in self.topic_tenants.items():
             if not isinstance(topic, str) or not isinstance(tenant, str) or not IDENT.fullmatch(tenant):
                 raise ValueError(f"ingest.topic_tenants: {topic!r} = {tenant!r}: expected a topic name "

@@ -14,6 +14,7 @@ from pipelines.config.tracerl import TracerlConfig
 ENV: dict[str, tuple[str, ...]] = {
     "TRACERL_HOME": ("home",),
     "TRACERL_LAKE": ("lake_root",),
+    "TRACERL_TABLES_URI": ("tables", "uri"),
     "TRACERL_KAFKA_BOOTSTRAP": ("kafka", "bootstrap_servers"),
     "MLFLOW_TRACKING_URI": ("mlflow", "tracking_uri"),
 }

@@ -26,6 +26,7 @@ from pipelines.config.mlflow import MlflowConfig
 from pipelines.config.parse import SECTION, ConfigError, merge, parse, plain
 from pipelines.config.reward import RewardConfig
 from pipelines.config.serve import ServeConfig
+from pipelines.config.tables import TableStore, TablesConfig
 from pipelines.config.train import TrainConfig
 from pipelines.contract.validate import IDENT
 
@@ -38,6 +39,7 @@ class TracerlConfig:
 
     home: Path = Path(".tracerl")        # state folder: run/, logs/, adapters/, models/, deploy/, ...
     lake_root: Path | None = None        # None = <home>/lake
+    tables: TablesConfig = field(default_factory=TablesConfig)  # where events/quarantine live
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
@@ -63,6 +65,11 @@ class TracerlConfig:
     @property
     def lake(self) -> Path:
         return self.lake_root or self.home / "lake"
+
+    @property
+    def table_store(self) -> TableStore:
+        """Where the lake's Delta tables are: the lake folder, or ``tables.uri`` on an object store."""
+        return self.tables.store(self.lake)
 
     @property
     def run_dir(self) -> Path:

@@ -91,7 +91,7 @@ class Emitter:
         if self.conf.journal if self.conf.journal is not None else cfg.kafka.embedded:
             from pipelines.deploy.journal import Journal
 
-            self.journal = Journal(self.spill_dir / "journal", cfg.lake, self.conf.journal_max_bytes,
+            self.journal = Journal(self.spill_dir / "journal", cfg.table_store, self.conf.journal_max_bytes,
                                    self._corrupt)
             self._journal_size = self.journal.size()
         self._stop = threading.Event()

@@ -6,7 +6,7 @@ a planned ``tracerl down`` as on a kill -9. Rather than make the broker durable 
 beside it, every produce a network round trip to it), the one process that saw each event
 keeps it: after Kafka acknowledges an event, the emitter appends it here with its Kafka
 coordinates (topic, topic id, partition, offset). A sweep then compares the journal with the
-lake's manifests, which record the last landed offset per (topic id, partition):
+lake's events table, whose commits record the last landed offset per (topic id, partition):
 
 - a segment whose every event is at or below the lake's watermark is deleted;
 - an event journaled under a topic id that is no longer the broker's (the broker restarted,
@@ -30,11 +30,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-from pipelines.lake.store import Lake, Manifest
-
-Coord = tuple[str, str, int]  # (topic, topic id or "", partition)
+from pipelines.lake import delta
+from pipelines.lake.delta import Coord
 
 
 @dataclass
@@ -58,26 +57,14 @@ class Resend:
 
 @dataclass
 class LakeMarks:
-    """Highest landed offset per (topic, topic id, partition) over every manifest, read incrementally:
-    the latest manifest alone forgets a topic id once the topic was recreated."""
+    """Highest landed offset per (topic, topic id, partition): the events table's application
+    transactions (`pipelines/lake/delta.py`), keyed by topic id, so a recreated topic's old log
+    stays covered."""
 
-    lake: Lake
-    covered: dict[Coord, int] = field(default_factory=dict)
-    cursor: str = ""
+    tables: delta.Where  # `TracerlConfig.table_store`
 
-    def refresh(self) -> dict[Coord, int]:
-        if self.lake.log.exists():
-            for path in sorted(p for p in self.lake.log.glob("*.json") if p.name > self.cursor):
-                try:
-                    m = Manifest(**json.loads(path.read_text()))
-                except (OSError, ValueError, TypeError):
-                    break  # being written, or damaged: read again next sweep
-                for tp, last in m.watermarks.items():
-                    topic, part = tp.rsplit(":", 1)
-                    key = (topic, m.topic_ids.get(topic) or "", int(part))
-                    self.covered[key] = max(self.covered.get(key, -1), last)
-                self.cursor = path.name
-        return self.covered
+    def refresh(self, coords: Iterable[Coord]) -> dict[Coord, int]:
+        return delta.landed(self.tables, set(coords))
 
 
 def parse_line(line: str) -> tuple[Coord, int, str]:
@@ -91,13 +78,13 @@ def parse_line(line: str) -> tuple[Coord, int, str]:
 class Journal:
     PREFIX = "journal-"
 
-    def __init__(self, root: Path, lake_root: Path, max_bytes: int,
+    def __init__(self, root: Path, tables: delta.Where, max_bytes: int,
                  on_corrupt: Callable[[Path, int, str, str], None]):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.on_corrupt = on_corrupt  # (file, line number, line, reason): moved aside by the owner
-        self.marks = LakeMarks(Lake(lake_root))
+        self.marks = LakeMarks(tables)
         self._name = f"{self.PREFIX}{int(time.time()):010d}-{os.getpid()}-"
         self._n = 0
         self.open = Segment(self._path())
@@ -151,7 +138,7 @@ class Journal:
             self.closed[self.open.path] = self.open
             self._n += 1
             self.open = Segment(self._path())
-        covered = self.marks.refresh()
+        covered = self.marks.refresh(c for seg in self.closed.values() for c in seg.high)
         resend: list[Resend] = []
         for path, seg in list(self.closed.items()):
             waiting = {c: o for c, o in seg.high.items() if o > covered.get(c, -1)}

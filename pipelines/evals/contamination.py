@@ -74,14 +74,14 @@ def trained_prompts(cfg: Any, tenant: str, task: str, adapter_versions: list[int
     from pipelines.lake.query import connect
     from pipelines.lake.ledger import has_ledger, ledger_source
 
-    if not adapter_versions or not has_ledger(cfg.lake):
+    if not adapter_versions or not has_ledger(cfg.table_store):
         return []  # no ledger yet: nothing was trained
-    con = connect(cfg.lake)
+    con = connect(cfg.lake, cfg.table_store)
     con.register("_versions", pa.table({"v": pa.array(adapter_versions, pa.int64())}))
     rows = con.execute(f"""
         SELECT DISTINCT t.input_messages::VARCHAR FROM turns t
         WHERE t.tenant = ? AND t.task = ? AND t.turn_id IN (
-            SELECT l.turn_id FROM {ledger_source(cfg.lake)} AS l
+            SELECT l.turn_id FROM {ledger_source(con, cfg.table_store)} AS l
             WHERE l.tenant = ? AND l.task = ? AND l.adapter_version IN (SELECT v FROM _versions))""",
                        [tenant, task, tenant, task]).fetchall()
     return [json.loads(r[0]) for r in rows]

@@ -47,7 +47,7 @@ def held_back_turns(cfg: TracerlConfig, tenant: str, task: str, champion: int | 
     holdout = cfg.canary.holdout_share
     if holdout <= 0:
         return []
-    rows = connect(cfg.lake).execute(f"""
+    rows = connect(cfg.lake, cfg.table_store).execute(f"""
         SELECT t.turn_id, t.task, t.prompt_token_ids, t.input_messages::VARCHAR, t.output_token_ids,
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id

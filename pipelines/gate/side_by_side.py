@@ -29,7 +29,7 @@ def recent_prompts(cfg: TracerlConfig, tenant: str, task: str, n: int, evals: Ev
     (the same test the learner's exclusion uses)."""
     if n <= 0:
         return []
-    rows = connect(cfg.lake).execute(
+    rows = connect(cfg.lake, cfg.table_store).execute(
         "SELECT input_messages::VARCHAR FROM turns WHERE tenant = ? AND task = ? AND input_messages IS NOT NULL "
         "ORDER BY event_time DESC LIMIT ?", [tenant, task, 50 * n]).fetchall()
     out, seen = [], set()

@@ -3,9 +3,10 @@
 Order of operations, and why it is exactly-once:
 
 1. consume a bounded batch with the consumer group, auto-commit off;
-2. under the lake lock: recover any crashed run, drop records at or below the
-   lake's own watermark for their partition (landed by an earlier run, even
-   one that crashed before committing to Kafka, or by a concurrent consumer);
+2. drop records at or below the lake's own watermark for their partition (the
+   events table's application transaction, `pipelines/lake/delta.py`: landed by
+   an earlier run, even one that crashed before committing to Kafka, or by a
+   concurrent consumer);
 3. validate each record (decoded in a worker process while polling goes on,
    see `decode.py`); failures go to `quarantine` with their raw bytes;
    valid events are de-duplicated by (tenant, `event_id`) (within the batch and
@@ -13,8 +14,10 @@ Order of operations, and why it is exactly-once:
    row and one tenant's ids never hide another's events. Decode is total; if
    a chunk still raises, it is bisected down to the messages that raise, which
    are quarantined as `internal_error` while the rest lands (`decode.Decoder`);
-4. stage Parquet files (fsync), commit the manifest (atomic rename: the point
-   of no return), move files into place;
+4. append the quarantine rows, then the events, each a Delta commit carrying
+   the last offset of every partition read (the events commit is the point of
+   no return; a crash between them re-lands only the events, as the quarantine
+   table's own transactions say which offsets it holds);
 5. only then commit offsets to Kafka. A crash anywhere re-runs cleanly.
 """
 
@@ -24,17 +27,18 @@ import gc
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from pipelines.config import TracerlConfig
 from pipelines.faults import failpoint
 from pipelines.ingest.decode import EVENTS_WITH_ROUTING, PAYLOAD, Chunk, Decoder, payload_column
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS, QUARANTINE
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
-from pipelines.lake.store import EVENTS, QUARANTINE, Lake
 from pipelines.services.kafka import client_options
 
 
@@ -52,8 +56,7 @@ class IngestResult:
     already_landed: int = 0      # offsets the lake already held (replay after a crash)
     reasons: dict[str, int] = field(default_factory=dict)
     offsets: dict[str, list[int]] = field(default_factory=dict)
-    files: list[str] = field(default_factory=list)
-    recovered: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)  # table -> the version this run committed
     kafka_commit: str = "skipped"
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)  # join, poll, land, commit (seconds)
@@ -66,7 +69,7 @@ class IngestResult:
         return self.quarantined / valid_or_bad if valid_or_bad else 0.0
 
 
-def open_consumer(cfg: TracerlConfig, lake: Lake, group_id: str | None = None, topic: str | None = None):
+def open_consumer(cfg: TracerlConfig, group_id: str | None = None, topic: str | None = None):
     from kafka import ConsumerRebalanceListener, KafkaConsumer
 
     topic = topic or cfg.kafka.topic
@@ -93,13 +96,23 @@ def open_consumer(cfg: TracerlConfig, lake: Lake, group_id: str | None = None, t
             pass
 
         def on_partitions_assigned(self, assigned: Any) -> None:
-            marks = lake.watermarks(topic_ids)
-            for tp in assigned:
-                high = marks.get(f"{tp.topic}:{tp.partition}")
-                if high is not None:
-                    consumer.seek(tp, high + 1)
+            coords = {(tp.topic, topic_ids.get(tp.topic, ""), tp.partition): tp for tp in assigned}
+            for c, high in delta.landed(cfg.table_store, coords).items():
+                consumer.seek(coords[c], high + 1)
 
-    consumer.subscribe([topic], listener=SeekPastLake())
+    if cfg.ingest.partitions:  # a worker of its own partition set: no group balancing
+        from kafka import TopicPartition
+
+        known = consumer.partitions_for_topic(topic) or set()
+        if not set(cfg.ingest.partitions) <= known:
+            consumer.close()
+            raise IngestError(f"ingest.partitions {sorted(set(cfg.ingest.partitions) - known)} are not partitions "
+                              f"of {topic!r} (it has {sorted(known)})")
+        assigned = [TopicPartition(topic, p) for p in cfg.ingest.partitions]
+        consumer.assign(assigned)
+        SeekPastLake().on_partitions_assigned(assigned)
+    else:
+        consumer.subscribe([topic], listener=SeekPastLake())
     return consumer
 
 
@@ -143,13 +156,12 @@ def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
     return records, first
 
 
-def _existing_ids(lake: Lake, tenant: str, date: str, ids: pa.ChunkedArray) -> pa.Array | None:
-    """Which of `ids` the lake already holds in the partition they would land in."""
-    folder = lake.dataset(EVENTS) / f"tenant={tenant}" / f"date={date}"
-    files = sorted(folder.glob("*.parquet")) if folder.exists() else []
-    if not files:
+def _existing_ids(events: Any, tenant: str, date: str, ids: pa.ChunkedArray) -> pa.Array | None:
+    """Which of `ids` the events table (a DeltaTable, or None) holds in the partition they would land in."""
+    data = delta.data_in(events, [("tenant", "=", tenant), ("date", "=", date)]) if events else None
+    if data is None:
         return None
-    table = ds.dataset(files, format="parquet").to_table(
+    table = data.to_table(
         columns=["event_id"], filter=pc.field("event_id").isin(ids.combine_chunks()))
     return table.column("event_id").combine_chunks()
 
@@ -166,68 +178,82 @@ def _first_occurrences(table: pa.Table, key: list[str]) -> pa.Table:
     return table.take(first.take(pc.array_sort_indices(first)))
 
 
-def land(lake: Lake, records: list, decoder: Decoder, result: IngestResult) -> None:
+def _as_stored(rows: pa.Table, names: list[str]) -> pa.Table:
+    """The columns a table stores and its partition columns (the routing day is `date`)."""
+    names = names + (["tenant"] if "tenant" in rows.column_names else [])
+    return rows.select(names + ["day"]).rename_columns(names + ["date"])
+
+
+def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResult) -> None:
     """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
-    with lake.locked():
-        result.recovered = lake.recover()
-        high = {tuple(k.rsplit(":", 1)): v for k, v in lake.watermarks(result.topic_ids).items()}
-        high = {(t, int(p)): v for (t, p), v in high.items()}
-        keep = [False] * len(records)
-        spans: dict[tuple[str, int], list[int]] = {}
-        for i, r in enumerate(records):
-            tp = (r.topic, r.partition)
-            if r.offset <= high.get(tp, -1):
-                continue  # landed before: a replay after a crash, or a concurrent consumer's
-            high[tp] = r.offset
-            keep[i] = True
-            span = spans.get(tp)
-            if span:
-                span[1] = r.offset
-            else:
-                spans[tp] = [r.offset, r.offset]
-        result.already_landed = len(records) - sum(keep)
-        if not spans:
-            return
-        events, quarantine = decoder.results()
-        if result.already_landed:
-            fresh = pa.array(keep, pa.bool_())
-            events = events.filter(fresh.take(events.column("row")))
-            quarantine = quarantine.filter(fresh.take(quarantine.column("row")))
-        result.isolated = decoder.failure
-        unique = _first_occurrences(events, ["tenant", "event_id"])
-        values = [r.value for r in records]
-        result.duplicates = events.num_rows - unique.num_rows
-        txn = lake.begin(result.run_id)
-        parts = unique.select(["tenant", "day"]).group_by(["tenant", "day"]).aggregate([]).to_pylist()
-        for part in parts:
-            tenant, day = part["tenant"], part["day"]
-            rows = unique if len(parts) == 1 else unique.filter(
-                pc.and_(pc.equal(unique.column("tenant"), tenant), pc.equal(unique.column("day"), day)))
-            known = _existing_ids(lake, tenant, day, rows.column("event_id"))
-            if known is not None:
-                new = pc.invert(pc.is_in(rows.column("event_id"), known))
-                result.duplicates += rows.num_rows - pc.sum(new).as_py()
-                rows = rows.filter(new)
-            if rows.num_rows:
-                rows = rows.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD),
-                                       payload_column(values, rows.column("row")))
-                rows = rows.select(EVENTS_SCHEMA.names)  # still in Kafka order
-                result.files.append(txn.stage(EVENTS, {"tenant": tenant, "date": day}, rows))
-                result.landed += rows.num_rows
-        for day in sorted(set(quarantine.column("day").to_pylist())):
-            rows = quarantine.filter(pc.field("day") == day).select(QUARANTINE_SCHEMA.names)
-            result.files.append(txn.stage(QUARANTINE, {"date": day}, rows))
-            result.quarantined += rows.num_rows
-        for reason in quarantine.column("reason").to_pylist():
-            result.reasons[reason] = result.reasons.get(reason, 0) + 1
-        offsets = {f"{t}:{p}": span for (t, p), span in spans.items()}
-        failpoint("ingest.after_stage")
-        result.offsets = offsets
-        txn.commit(offsets, {"landed": result.landed, "quarantined": result.quarantined,
-                             "duplicates": result.duplicates}, result.topic_ids)
-        failpoint("ingest.after_manifest")
-        txn.publish()
-        failpoint("ingest.after_publish")
+    def coord(topic: str, partition: int) -> delta.Coord:
+        return topic, result.topic_ids.get(topic, ""), partition
+
+    tps = {(r.topic, r.partition) for r in records}
+    # the snapshots decided from: each commit below is checked against every commit after its own
+    table, quarantine_table = delta.open_table(root, EVENTS), delta.open_table(root, QUARANTINE)
+    in_events = delta.marks_of(table, [coord(*tp) for tp in tps])
+    in_quarantine = delta.marks_of(quarantine_table, [coord(*tp) for tp in tps])
+    high = {tp: in_events.get(coord(*tp), -1) for tp in tps}
+    keep = [False] * len(records)
+    quarantine_keep = [False] * len(records)
+    spans: dict[tuple[str, int], list[int]] = {}
+    for i, r in enumerate(records):
+        tp = (r.topic, r.partition)
+        if r.offset <= high[tp]:
+            continue  # landed before: a replay after a crash, or a concurrent consumer's
+        high[tp] = r.offset
+        keep[i] = True
+        quarantine_keep[i] = r.offset > in_quarantine.get(coord(*tp), -1)  # else: quarantined by a run cut short
+        span = spans.get(tp)
+        if span:
+            span[1] = r.offset
+        else:
+            spans[tp] = [r.offset, r.offset]
+    result.already_landed = len(records) - sum(keep)
+    if not spans:
+        return
+    events, quarantine = decoder.results()
+    if result.already_landed:
+        events = events.filter(pa.array(keep, pa.bool_()).take(events.column("row")))
+    quarantine = quarantine.filter(pa.array(quarantine_keep, pa.bool_()).take(quarantine.column("row")))
+    result.isolated = decoder.failure
+    unique = _first_occurrences(events, ["tenant", "event_id"])
+    result.duplicates = events.num_rows - unique.num_rows
+    new = None
+    parts = unique.select(["tenant", "day"]).group_by(["tenant", "day"]).aggregate([]).to_pylist()
+    for part in parts:
+        known = _existing_ids(table, part["tenant"], part["day"], unique.column("event_id"))
+        if known is not None:
+            mask = pc.and_(pc.and_(pc.equal(unique.column("tenant"), part["tenant"]),
+                                   pc.equal(unique.column("day"), part["day"])),
+                           pc.is_in(unique.column("event_id"), known))
+            new = pc.invert(mask) if new is None else pc.and_(new, pc.invert(mask))
+    if new is not None:
+        result.duplicates += unique.num_rows - pc.sum(new).as_py()
+        unique = unique.filter(new)  # still in Kafka order
+    rows = unique.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD),
+                             payload_column([r.value for r in records], unique.column("row")))
+    result.landed = rows.num_rows
+    result.quarantined = quarantine.num_rows
+    for reason in quarantine.column("reason").to_pylist():
+        result.reasons[reason] = result.reasons.get(reason, 0) + 1
+    result.offsets = {f"{t}:{p}": span for (t, p), span in spans.items()}
+    last = {coord(*tp): span[1] for tp, span in spans.items()}
+    failpoint("ingest.before_commit")
+    bases = {d: t if t is not None else delta.NO_TABLE for d, t in ((EVENTS, table), (QUARANTINE, quarantine_table))}
+    try:
+        if quarantine.num_rows:  # first: the events commit is what marks these offsets landed
+            result.versions[QUARANTINE] = delta.append(root, QUARANTINE, _as_stored(quarantine, QUARANTINE_SCHEMA.names),
+                                                       last, base=bases[QUARANTINE])
+            failpoint("ingest.after_quarantine")
+        result.versions[EVENTS] = delta.append(root, EVENTS, _as_stored(rows, EVENTS_SCHEMA.names), last,
+                                               base=bases[EVENTS])
+    except delta.CommitConflict as err:
+        raise IngestError(f"another ingest worker landed offsets of {sorted(result.offsets)} while this run "
+                          f"decoded them; this run committed {sorted(result.versions) or 'nothing'} and "
+                          f"the next resumes after the lake's watermarks ({err})") from None
+    failpoint("ingest.after_commit")
 
 
 def commit_offsets(consumer: Any, offsets: dict[str, list[int]]) -> str:
@@ -254,8 +280,7 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
     started = time.monotonic()
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     result = IngestResult(run_id=run_id)
-    lake = Lake(cfg.lake)
-    consumer = open_consumer(cfg, lake, group_id, topic)
+    consumer = open_consumer(cfg, group_id, topic)
     result.topic_ids = topic_id_of(consumer, topic or cfg.kafka.topic)
     # A batch holds ~1e5 records alive; the cyclic GC would rescan them all on every
     # collection (measured: 3x slower polling). Nothing here creates cycles.
@@ -268,7 +293,7 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
         records, first = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events, decoder)
         polled = time.monotonic()
         result.consumed = len(records)
-        land(lake, records, decoder, result)
+        land(cfg.table_store, records, decoder, result)
         landed = time.monotonic()
         result.kafka_commit = commit_offsets(consumer, result.offsets)
         first = first or polled

@@ -1,55 +1,51 @@
-"""The trained-turns ledger: which turns each adapter version trained on, in the lake.
+"""The trained-turns ledger: which turns each adapter version trained on, a Delta table.
 
-One row per (turn, use), committed through the lake's manifest protocol (`store.py`), so it
-commits whole or not at all. The learner writes it (a turn with no row is "new"; it replays until
-it has `learner.replay_max_uses` rows; a row with adapter_version 0 marks a turn excluded as an
-eval prompt: never trained, never replayed) and reads it for replay; the gate reads it to check a
+One row per (turn, use), one commit per learner step, whole or not at all (`delta.py`), beside
+`events` where `[tables]` puts them, so learners of different targets on different hosts append
+to it at once. The learner writes it (a turn with no row is "new"; it replays until it has
+`learner.replay_max_uses` rows; a row with adapter_version 0 marks a turn excluded as an eval
+prompt: never trained, never replayed) and reads it for replay; the gate reads it to check a
 candidate's training data for eval prompts. It lives here, beside the other tables, so neither
-stage imports the other for it. Schema: `tables.LEDGER_SCHEMA`.
+stage imports the other for it. Schema: `tables.LEDGER_SCHEMA`, partitioned by tenant.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 
-from pipelines.lake.store import Lake
+from pipelines.lake import delta
+from pipelines.lake.delta import TRAINED_TURNS
 from pipelines.lake.tables import LEDGER_SCHEMA
 
-TRAINED_TURNS = "trained_turns"
+__all__ = ["TRAINED_TURNS", "has_ledger", "ledger_source", "record_ledger"]
 
 
-def has_ledger(lake_root: Path) -> bool:
+def has_ledger(tables: delta.Where) -> bool:
     """True once any ledger row landed (before that, nothing was trained)."""
-    return any((Path(lake_root) / TRAINED_TURNS).rglob("*.parquet"))
+    return bool(delta.files(tables, TRAINED_TURNS)[1])
 
 
-def ledger_source(lake_root: Path) -> str:
-    """SQL relation of every ledger row (tenant, task, turn_id, adapter_version, ...); an empty
-    typed relation before the first row."""
-    folder = Path(lake_root).resolve() / TRAINED_TURNS
-    if any(folder.rglob("*.parquet")):
-        return (f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, union_by_name = true, "
-                f"hive_types = {{'tenant': VARCHAR}})")
+def ledger_source(con: duckdb.DuckDBPyConnection, tables: delta.Where) -> str:
+    """SQL relation on ``con`` of every ledger row (tenant, task, turn_id, adapter_version, ...);
+    an empty typed relation before the first row."""
+    _, paths = delta.files(tables, TRAINED_TURNS)
+    if paths:
+        return delta.scan(con, tables, TRAINED_TURNS, paths, "_ledger")
     return ("(SELECT NULL::VARCHAR AS tenant, NULL::VARCHAR AS task, NULL::VARCHAR AS turn_id, "
-            "NULL::BIGINT AS adapter_version WHERE false)")
+            "NULL::BIGINT AS adapter_version, NULL::BIGINT AS use, NULL::DOUBLE AS weight WHERE false)")
 
 
-def record_ledger(lake_root: Path, tenant: str, task: str, turn_ids: list[str], version: int,
-                  uses: list[int] | None = None, weights: list[float] | None = None) -> None:
+def record_ledger(tables: delta.Where, tenant: str, task: str, turn_ids: list[str], version: int,
+                  uses: list[int] | None = None, weights: list[float] | None = None) -> int:
     """One row per (turn, use); ``uses`` defaults to 1 (first use), 0 for version 0 (excluded);
-    ``weights`` to 1."""
-    lake = Lake(lake_root)
+    ``weights`` to 1. The ledger's new version."""
     now = int(time.time() * 1000)
     n = len(turn_ids)
     table = pa.table({"task": [task] * n, "turn_id": turn_ids, "adapter_version": [version] * n,
                       "trained_at": [now] * n, "use": uses if uses is not None else [1 if version else 0] * n,
-                      "weight": weights if weights is not None else [1.0] * n},
-                     schema=LEDGER_SCHEMA)
-    with lake.locked():
-        txn = lake.begin(f"learner-{tenant}-{task}-v{version}")
-        txn.stage(TRAINED_TURNS, {"tenant": tenant}, table)
-        txn.commit({}, {"trained_turns": n})
-        txn.publish()
+                      "weight": weights if weights is not None else [1.0] * n, "tenant": [tenant] * n},
+                     schema=LEDGER_SCHEMA.append(pa.field("tenant", pa.string())))
+    return delta.append(tables, TRAINED_TURNS, table, info={"tracerl.run": f"learner-{tenant}-{task}-v{version}"})

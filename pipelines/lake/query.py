@@ -19,8 +19,11 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from pipelines.config.tables import TableStore
 from pipelines.contract.events import V1_ADAPTER_VERSION
-from pipelines.lake.store import EVENTS, QUARANTINE, Lake
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS, QUARANTINE
+from pipelines.lake.store import Lake
 from pipelines.lake.tables import (
     CORRECTION_SCHEMA, CORRECTIONS, EVENTS_SCHEMA, PROVISIONAL, QUARANTINE_SCHEMA, REWARD_SCHEMA, REWARDS, reward_state,
 )
@@ -106,16 +109,14 @@ def _column(view: str, name: str, path: str, sql_type: str) -> str:
     return f"{_with_default(sql, VIEW_DEFAULTS.get((view, name)))} AS {name}"
 
 
-def _source(con: duckdb.DuckDBPyConnection, root: Path, dataset: str, schema: pa.Schema,
-            partitions: dict[str, str]) -> str:
-    """A read_parquet over the dataset, or an empty typed relation before anything landed."""
-    folder = root / dataset
-    if any(folder.rglob("*.parquet")):
-        types = ", ".join(f"'{k}': {v}" for k, v in partitions.items())
-        return (f"read_parquet('{folder}/**/*.parquet', hive_partitioning = true, "
-                f"hive_types = {{{types}}}, union_by_name = true)")
+def _source(con: duckdb.DuckDBPyConnection, tables: delta.Where, dataset: str, schema: pa.Schema) -> str:
+    """The Delta table's current files (`delta.files`: a file is in the lake once a commit names
+    it, so a half-written append is never read), or an empty typed relation before anything landed."""
+    _, paths = delta.files(tables, dataset)
+    if paths:
+        return delta.scan(con, tables, dataset, paths, f"_table_{dataset}")
     empty = pa.table({f.name: pa.array([], f.type) for f in schema})
-    for name in partitions:
+    for name in delta.PARTITIONS[dataset]:
         empty = empty.append_column(name, pa.array([], pa.string() if name == "tenant" else pa.date32()))
     con.register(f"_empty_{dataset}", empty)
     return f"_empty_{dataset}"
@@ -151,9 +152,12 @@ def register_reward_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path)
     return con
 
 
-def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckdb.DuckDBPyConnection:
+def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path,
+                 tables: TableStore | None = None) -> duckdb.DuckDBPyConnection:
+    """``tables``: where the Delta tables are (`TracerlConfig.table_store`); None = the lake folder."""
     root = Path(lake_root).resolve()
-    events = _source(con, root, EVENTS, EVENTS_SCHEMA, {"tenant": "VARCHAR", "date": "DATE"})
+    tables = tables or delta.store_of(root)
+    events = _source(con, tables, EVENTS, EVENTS_SCHEMA)
     con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM {events}")
     for view, (event_type, cols) in TYPED_VIEWS.items():
         typed = ", ".join(_column(view, name, path, t) for name, path, t in cols)
@@ -161,10 +165,11 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckd
             f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, _json AS payload "
             f"FROM (SELECT *, TRY_CAST(payload AS JSON) AS _json FROM events WHERE type = '{event_type}')"
         )
-    quarantine = _source(con, root, QUARANTINE, QUARANTINE_SCHEMA, {"date": "DATE"})
+    quarantine = _source(con, tables, QUARANTINE, QUARANTINE_SCHEMA)
     con.execute(f"CREATE OR REPLACE VIEW quarantine AS SELECT * FROM {quarantine}")
     return register_reward_views(con, root)
 
 
-def connect(lake_root: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-    return create_views(duckdb.connect(database), lake_root)
+def connect(lake_root: str | Path, tables: TableStore | None = None,
+            database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    return create_views(duckdb.connect(database), lake_root, tables)

@@ -5,8 +5,8 @@ ids, the base model and the forward's precision, never on the adapter being trai
 turn's are computed once (on first use, or ahead of training: ``pipelines/train/reference.py``)
 and read afterwards, by replays and later iterations. A row is used only when all three match:
 ``ids_digest`` covers the prompt and output ids, so a re-tokenized turn never reads a stale row.
-Rows commit through the lake's manifest protocol (whole or not at all); the newest row of a key
-wins. Schema: ``tables.REFERENCE_SCHEMA``.
+Rows commit to a Delta table (`delta.py`, whole or not at all, beside the ledger where `[tables]`
+puts them); the newest row of a key wins. Schema: ``tables.REFERENCE_SCHEMA``, by tenant.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import duckdb
 import pyarrow as pa
 
-from pipelines.lake.store import Lake
+from pipelines.lake import delta
+from pipelines.lake.delta import REFERENCE
 from pipelines.lake.tables import REFERENCE_SCHEMA
 
-REFERENCE = "reference_logprobs"
+__all__ = ["REFERENCE", "Reference", "ReferenceKey", "ids_digest", "read_reference", "record_reference"]
 
 
 def ids_digest(prompt_ids: Sequence[int], output_ids: Sequence[int]) -> str:
@@ -49,18 +49,20 @@ class Reference:
     logprobs: list[float]    # one per output token, in order
 
 
-def read_reference(lake_root: Path, tenant: str, task: str, key: ReferenceKey,
+def read_reference(tables: delta.Where, tenant: str, task: str, key: ReferenceKey,
                    turn_ids: Iterable[str]) -> dict[str, Reference]:
     """The stored references of these turns under ``key`` (turns without one are absent)."""
-    folder = Path(lake_root).resolve() / REFERENCE / f"tenant={tenant}"
     wanted = sorted(set(turn_ids))
-    if not wanted or not any(folder.rglob("*.parquet")):
+    if not wanted:
+        return {}
+    _, paths = delta.files(tables, REFERENCE, where=[("tenant", "=", tenant)])
+    if not paths:
         return {}
     con = duckdb.connect()
     try:
         con.register("wanted", pa.table({"turn_id": wanted}))
         rows = con.execute(
-            f"SELECT turn_id, ids_digest, logprobs FROM read_parquet('{folder}/**/*.parquet', union_by_name = true) "
+            f"SELECT turn_id, ids_digest, logprobs FROM {delta.scan(con, tables, REFERENCE, paths, '_reference')} "
             "WHERE task = ? AND base_model_hash = ? AND precision = ? AND turn_id IN (SELECT turn_id FROM wanted) "
             "QUALIFY row_number() OVER (PARTITION BY turn_id ORDER BY computed_at DESC) = 1",
             [task, key.base_model_hash, key.precision]).fetchall()
@@ -69,9 +71,10 @@ def read_reference(lake_root: Path, tenant: str, task: str, key: ReferenceKey,
     return {t: Reference(d, list(lp)) for t, d, lp in rows}
 
 
-def record_reference(lake_root: Path, tenant: str, task: str, key: ReferenceKey,
+def record_reference(tables: delta.Where, tenant: str, task: str, key: ReferenceKey,
                      refs: dict[str, Reference], run: str) -> int:
-    """Commit these references (one row per turn); returns the rows written."""
+    """Commit these references (one row per turn); returns the rows written. ``run`` names the
+    learner step that computed them (a commit property, for the table's history)."""
     if not refs:
         return 0
     now = int(time.time() * 1000)
@@ -79,11 +82,7 @@ def record_reference(lake_root: Path, tenant: str, task: str, key: ReferenceKey,
     table = pa.table({"task": [task] * len(ids), "turn_id": ids,
                       "base_model_hash": [key.base_model_hash] * len(ids), "precision": [key.precision] * len(ids),
                       "ids_digest": [refs[t].ids_digest for t in ids], "logprobs": [refs[t].logprobs for t in ids],
-                      "computed_at": [now] * len(ids)}, schema=REFERENCE_SCHEMA)
-    lake = Lake(lake_root)
-    with lake.locked():
-        txn = lake.begin(f"reference-{tenant}-{task}-{run}")
-        txn.stage(REFERENCE, {"tenant": tenant}, table)
-        txn.commit({}, {"reference_logprobs": len(ids)})
-        txn.publish()
+                      "computed_at": [now] * len(ids), "tenant": [tenant] * len(ids)},
+                     schema=REFERENCE_SCHEMA.append(pa.field("tenant", pa.string())))
+    delta.append(tables, REFERENCE, table, info={"tracerl.run": f"reference-{tenant}-{task}-{run}"})
     return len(ids)

@@ -1,9 +1,10 @@
-"""The lake on disk, and the commit protocol that makes ingest exactly-once.
+"""The lake's own commit protocol, for the reward stage's and the learner's datasets.
 
-Layout under the lake root:
+The ingest tables (`events`, `quarantine`) and the trained-turns ledger are Delta Lake tables
+(`delta.py`); the rest still commit here, under one host's lock, until they move to Delta too
+(issue #18). Layout:
 
-    events/tenant=<t>/date=<YYYY-MM-DD>/part-<seq>-<run>-<n>.parquet
-    quarantine/date=<YYYY-MM-DD>/part-<seq>-<run>-<n>.parquet
+    rewards/..., reward_*/..., reference/...   the datasets' files
     _log/<seq>-<run>.json          commit manifests, one per run (the commit point)
     _log/<seq>-<run>.published     marker: the manifest's files are all in place
     _staging/<run>/...             files of a run not yet committed
@@ -12,32 +13,23 @@ Layout under the lake root:
 A run stages its files (fsync'd), writes its manifest atomically, then moves
 the files into place and writes the marker. Readers glob the dataset folders,
 so they never see a file of an uncommitted run. After a crash, `recover()`
-rolls committed runs forward and deletes staging of uncommitted ones. Each
-manifest also carries the Kafka high watermark per topic-partition *after*
-that run, so the lake itself knows which offsets it holds; ingest uses that to
-skip anything already landed, whatever Kafka's committed offsets say.
+rolls committed runs forward and deletes staging of uncommitted ones.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.durable import fsync_dir, write_json_atomic
-
-EVENTS = "events"
-QUARANTINE = "quarantine"
-
+from pipelines.durable import file_lock, fsync_dir, write_json_atomic
 
 # Columns worth dictionary-encoding: few distinct values. Hashing unique ids and
 # kilobyte payloads for a dictionary that is then abandoned costs ~40% of a write.
@@ -59,8 +51,8 @@ class Manifest:
     run_id: str
     created_at: float
     files: list[dict]                  # {"path": relative final path, "rows": n, "dataset": ...}
-    offsets: dict[str, list[int]]      # "topic:partition" -> [first, last] consumed this run
-    watermarks: dict[str, int]         # "topic:partition" -> last offset held by the lake
+    offsets: dict[str, list[int]]      # ingest runs before the Delta events table: offsets consumed
+    watermarks: dict[str, int]         # and the lake's watermarks then (read by `migrate.py`)
     counts: dict[str, int] = field(default_factory=dict)
     topic_ids: dict[str, str] = field(default_factory=dict)  # topic -> Kafka topic id the watermarks refer to
 
@@ -78,16 +70,10 @@ class Lake:
     def dataset(self, name: str) -> Path:
         return self.root / name
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Exclusive commit lock (flock: one host; an object-store lake needs a catalog instead)."""
+    def locked(self) -> AbstractContextManager[None]:
+        """Exclusive commit lock (flock: one host; what the Delta tables need no more)."""
         self.log.mkdir(parents=True, exist_ok=True)
-        with open(self.root / "_lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return file_lock(self.root / "_lock")
 
     # -- reading the log ---------------------------------------------------
     def manifests(self) -> list[Manifest]:
@@ -99,16 +85,6 @@ class Lake:
     def latest(self) -> Manifest | None:
         names = sorted(self.log.glob("*.json")) if self.log.exists() else []
         return Manifest(**json.loads(names[-1].read_text())) if names else None
-
-    def watermarks(self, topic_ids: dict[str, str] | None = None) -> dict[str, int]:
-        """Last landed offset per "topic:partition". With the topics' current Kafka ids, the
-        watermarks of a topic that was deleted and created again (its offsets start over: an
-        in-memory broker restarted, a topic recreated by hand) are left out."""
-        m = self.latest()
-        if m is None:
-            return {}
-        stale = {t for t, tid in (topic_ids or {}).items() if m.topic_ids.get(t) not in (None, tid)}
-        return {tp: v for tp, v in m.watermarks.items() if tp.rsplit(":", 1)[0] not in stale}
 
     # -- recovery ------------------------------------------------------------
     def recover(self) -> dict[str, int]:
@@ -158,8 +134,6 @@ class Transaction:
         self.manifest: Manifest | None = None
         prev = lake.latest()
         self.seq = (prev.seq + 1) if prev else 1
-        self.base_watermarks = dict(prev.watermarks) if prev else {}
-        self.base_topic_ids = dict(prev.topic_ids) if prev else {}
 
     def stage(self, dataset: str, partition: dict[str, str], table: pa.Table) -> str:
         parts = "/".join(f"{k}={v}" for k, v in partition.items())
@@ -168,19 +142,10 @@ class Transaction:
         self.files.append({"path": rel, "rows": table.num_rows, "dataset": dataset})
         return rel
 
-    def commit(self, offsets: dict[str, list[int]], counts: dict[str, int],
-               topic_ids: dict[str, str] | None = None) -> Manifest:
-        """`topic_ids`: the Kafka ids of the topics read; a topic whose id changed starts its
-        watermarks over (its offsets belong to a new log)."""
-        topic_ids = {**self.base_topic_ids, **(topic_ids or {})}
-        reset = {t for t, tid in topic_ids.items() if self.base_topic_ids.get(t) not in (None, tid)}
-        watermarks = {tp: v for tp, v in self.base_watermarks.items() if tp.rsplit(":", 1)[0] not in reset}
-        for tp, (_, last) in offsets.items():
-            watermarks[tp] = max(watermarks.get(tp, -1), last)
+    def commit(self, offsets: dict[str, list[int]], counts: dict[str, int]) -> Manifest:
         for d in {Path(f["path"]).parent for f in self.files}:
             fsync_dir(self.lake.staging / self.run_id / d)
-        self.manifest = Manifest(self.seq, self.run_id, time.time(), self.files, offsets, watermarks, counts,
-                                 topic_ids)
+        self.manifest = Manifest(self.seq, self.run_id, time.time(), self.files, offsets, {}, counts)
         write_json_atomic(self.lake.log / f"{self.manifest.name}.json", self.manifest.__dict__)
         return self.manifest
 

@@ -92,7 +92,8 @@ REWARDS = "rewards"                    # settled turns, append-only: tenant=/dat
 CORRECTIONS = "reward_corrections"     # events after their turn settled, or that never found it
 PROVISIONAL = "reward_provisional"     # snapshot=<seq>/: open turns, located by the latest reward manifest
 PENDING = "reward_pending"             # snapshot=<seq>/: signals waiting for their turn to settle
-STATE_KEY = "reward_through_seq"       # a reward manifest's count: every manifest up to it was read
+STATE_KEY = "reward_through_events_version"  # a reward manifest's count: every events version up to it was read
+OLD_STATE_KEY = "reward_through_seq"   # before the events table was Delta: every manifest up to it (`migrate.py`)
 
 # Component columns of the rewards dataset, in order (`pipelines/reward/spec.py` weighs them).
 COMPONENTS = ("thumbs", "rating", "output", "regenerate", "follow_up",
@@ -131,7 +132,7 @@ REFERENCE_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
 
 @dataclass
 class RewardState:
-    through_seq: int = 0                 # every manifest up to here has been read
+    events_version: int = -1             # every `events` Delta version up to here has been read (-1: none)
     manifest: Manifest | None = None     # the latest reward manifest
 
     def files(self, dataset: str) -> list[str]:
@@ -139,11 +140,13 @@ class RewardState:
 
 
 def is_reward_manifest(m: Manifest) -> bool:
-    return STATE_KEY in (m.counts or {})
+    return STATE_KEY in (m.counts or {}) or OLD_STATE_KEY in (m.counts or {})
 
 
 def reward_state(manifests: list[Manifest]) -> RewardState:
     for m in reversed(manifests):
-        if is_reward_manifest(m):
+        if STATE_KEY in (m.counts or {}):
             return RewardState(int(m.counts[STATE_KEY]), m)
+        if OLD_STATE_KEY in (m.counts or {}):
+            raise RuntimeError("this lake's events are in the layout before Delta Lake: run `tracerl lake migrate`")
     return RewardState()

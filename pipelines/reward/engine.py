@@ -1,11 +1,11 @@
 """One incremental reward run: new lake events -> rewards, committed atomically.
 
 State lives in the lake's own commit log, so it commits with the data or not
-at all. A reward run's manifest records `reward_through_seq`: every manifest up
-to that sequence number has been read. A run therefore:
+at all. A reward run's manifest records `reward_through_events_version`: every
+`events` Delta version up to it has been read. A run therefore:
 
-1. under the lake lock: recovers, snapshots the manifest list;
-2. reads only the `events` files of manifests after `reward_through_seq`,
+1. under the lake lock: recovers, finds the latest reward manifest;
+2. reads only the `events` files added after that version (`delta.files`),
    plus the *pending* snapshot (signals of turns not yet settled, and orphan
    signals waiting for their turn) and, for the traces at hand, the settled-turn
    registry (the `rewards` dataset itself);
@@ -35,7 +35,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.lake.store import EVENTS, Lake
+from pipelines.config.tables import TableStore
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS
+from pipelines.lake.store import Lake
 from pipelines.lake.tables import (
     CORRECTIONS, PENDING, PROVISIONAL, REWARDS, STATE_KEY, RewardState, is_reward_manifest, reward_state,
 )
@@ -72,15 +75,17 @@ def _param_table(con: duckdb.DuckDBPyConnection, book: SpecBook) -> pa.Table:
 
 
 def compute(lake_root: Path, new_files: list[str], state: RewardState, book: SpecBook,
-            now: datetime) -> Computed:
-    """The SQL part of a run; reads only, writes nothing."""
+            now: datetime, tables: TableStore | None = None) -> Computed:
+    """The SQL part of a run; reads only, writes nothing. ``new_files``: of the events table in
+    ``tables`` (None: the lake folder's)."""
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET preserve_insertion_order = false")  # row order is never relied on
     empty = SIGNAL_SCHEMA.empty_table()
     con.register("_empty_signals", empty)
     if new_files:
-        con.execute(f"CREATE TEMP TABLE new_sig AS {extract_sql(new_files)}")
+        events = delta.scan(con, tables or lake_root, EVENTS, new_files, "_new_events")
+        con.execute(f"CREATE TEMP TABLE new_sig AS {extract_sql(events)}")
     else:
         con.execute("CREATE TEMP TABLE new_sig AS SELECT * FROM _empty_signals")
     pending = [str(lake_root / p) for p in state.files(PENDING)]
@@ -132,7 +137,7 @@ class RewardRunResult:
     orphans_pending: int = 0
     corrections: dict[str, int] = field(default_factory=dict)
     spec_versions: list[str] = field(default_factory=list)
-    through_seq: int = 0
+    events_version: int = -1             # every events version up to here is read (-1: none)
     compute_seconds: float = 0.0
     seconds: float = 0.0
     tables: Computed | None = None       # this run's outputs, for checks and tests
@@ -150,8 +155,10 @@ def _stage_partitioned(txn, dataset: str, table: pa.Table, files: list[str]) -> 
 
 
 def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: datetime | None = None,
-                run_id: str | None = None, keep_snapshots: int = 2) -> RewardRunResult:
-    """Process what is new since the last reward run; commit atomically. `now` defaults to wall clock."""
+                run_id: str | None = None, keep_snapshots: int = 2,
+                tables: TableStore | None = None) -> RewardRunResult:
+    """Process what is new since the last reward run; commit atomically. `now` defaults to wall
+    clock. ``tables``: where the events table is (`TracerlConfig.table_store`); None = the lake folder."""
     started = time.monotonic()
     root = Path(lake_root).resolve()
     book = book or SpecBook()
@@ -160,15 +167,12 @@ def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: dateti
     lake = Lake(root)
     with lake.locked():
         lake.recover()
-        manifests = lake.manifests()
-    state = reward_state(manifests)
-    new_files = [str(root / f["path"]) for m in manifests if m.seq > state.through_seq
-                 for f in m.files if f["dataset"] == EVENTS]
-    result.through_seq = max([m.seq for m in manifests], default=state.through_seq)
+        state = reward_state(lake.manifests())
+    result.events_version, new_files = delta.files(tables or root, EVENTS, after=state.events_version)
     result.new_files = len(new_files)
 
     t0 = time.monotonic()
-    out = compute(root, new_files, state, book, now)
+    out = compute(root, new_files, state, book, now, tables)
     result.compute_seconds = time.monotonic() - t0
     result.tables, result.new_signals = out, out.new_signals
     result.settled, result.provisional = out.settled.num_rows, out.provisional.num_rows
@@ -208,7 +212,7 @@ def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: dateti
             files.append(txn.stage(PROVISIONAL, snap, stamp(out.provisional)))
         if out.pending.num_rows:
             files.append(txn.stage(PENDING, snap, out.pending))
-        txn.commit({}, {STATE_KEY: result.through_seq, "reward_settled": out.settled.num_rows,
+        txn.commit({}, {STATE_KEY: result.events_version, "reward_settled": out.settled.num_rows,
                         "reward_provisional": out.provisional.num_rows,
                         "reward_corrections": out.corrections.num_rows, "reward_pending": out.pending.num_rows})
         txn.publish()

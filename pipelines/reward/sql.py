@@ -56,8 +56,8 @@ _TEXT_CLASS = rf"""CASE WHEN output_text IS NULL OR output_text = '' THEN 'empty
                            WHEN suffix(rtrim(output_text, {_WS}), '?') THEN 'question' END END"""
 
 
-def extract_sql(files: list[str]) -> str:
-    file_list = ", ".join(f"'{f}'" for f in files)
+def extract_sql(events: str) -> str:
+    """The signals of ``events``, a relation over event files (`lake.delta.scan`)."""
     return rf"""
 SELECT event_id, type, tenant, app, task, trace_id, turn_id,
        event_time::TIMESTAMPTZ AS event_time, ingested_at::TIMESTAMPTZ AS ingested_at,
@@ -66,8 +66,7 @@ SELECT event_id, type, tenant, app, task, trace_id, turn_id,
        turn_index, latency_ms,
        CASE WHEN type = 'model_turn' THEN coalesce(length(output_text), 0)::INTEGER END AS out_chars,
        CASE WHEN type = 'model_turn' THEN {_TEXT_CLASS} END AS text_class
-FROM read_parquet([{file_list}], hive_partitioning = true, hive_types = {{'tenant': VARCHAR, 'date': DATE}},
-                  union_by_name = true)
+FROM {events}
 WHERE type IN ('model_turn', 'tool_call', 'feedback', 'session_end')
 """
 

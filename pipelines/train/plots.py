@@ -25,7 +25,7 @@ class VersionReward:
 
 def reward_history(cfg: TracerlConfig, tenant: str, task: str) -> list[VersionReward]:
     """Per serving version, oldest first: settled turns only, each turn's latest reward."""
-    rows = connect(cfg.lake).execute("""
+    rows = connect(cfg.lake, cfg.table_store).execute("""
         WITH latest AS (
             SELECT coalesce(t.adapter_version, 0) AS v, r.total AS total
             FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id

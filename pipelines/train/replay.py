@@ -77,11 +77,11 @@ def replay_pool(cfg: Any, tenant: str, task: str) -> list[ReplayTurn]:
     from pipelines.lake.ledger import has_ledger, ledger_source
 
     lc = cfg.learner
-    if lc.replay_turns == 0 or lc.replay_max_uses <= 1 or not has_ledger(cfg.lake):
+    if lc.replay_turns == 0 or lc.replay_max_uses <= 1 or not has_ledger(cfg.table_store):
         return []
-    con = connect(cfg.lake)
+    con = connect(cfg.lake, cfg.table_store)
     rows = con.execute(f"""
-        WITH led AS (SELECT l.turn_id, l.adapter_version FROM {ledger_source(cfg.lake)} l
+        WITH led AS (SELECT l.turn_id, l.adapter_version FROM {ledger_source(con, cfg.table_store)} l
                      WHERE l.tenant = ? AND l.task = ?),
              iterations AS (SELECT DISTINCT adapter_version AS v FROM led WHERE adapter_version > 0),
              used AS (SELECT turn_id, count(*) AS uses, min(adapter_version) AS first_v FROM led GROUP BY turn_id

@@ -63,14 +63,14 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -
     estimate reads those.
     """
     holdout = cfg.canary.holdout_share if cfg.canary.enabled else 0.0
-    con = connect(cfg.lake)
+    con = connect(cfg.lake, cfg.table_store)
     rows = con.execute(f"""
         SELECT t.turn_id, t.task, t.prompt_token_ids, t.input_messages::VARCHAR, t.output_token_ids,
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND t.train AND t.tenant = ? AND t.task = ?
           AND NOT ({held_back_sql(holdout)})
-          AND t.turn_id NOT IN (SELECT l.turn_id FROM {ledger_source(cfg.lake)} l WHERE l.tenant = ? AND l.task = ?)
+          AND t.turn_id NOT IN (SELECT l.turn_id FROM {ledger_source(con, cfg.table_store)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time LIMIT ?""", [tenant, task, tenant, task, limit]).fetchall()
     return [TrainTurn(turn_id=r[0], task=r[1], prompt_token_ids=r[2], input_messages=json.loads(r[3]),
@@ -106,7 +106,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     # ledger them (version 0) so they are not "new" again, nor replayed, on the next run.
     turns, excluded = exclude_eval_turns(turns, hashes)
     if excluded:
-        record_ledger(cfg.lake, tenant, task, [t.turn_id for t in excluded], 0)
+        record_ledger(cfg.table_store, tenant, task, [t.turn_id for t in excluded], 0)
     result = LearnerResult(tenant, task, "skipped", new_turns=len(turns), excluded_eval_turns=len(excluded))
     if len(turns) < lc.min_new_turns:  # replay alone never triggers a run
         result.reason = f"{len(turns)} new settled turns < learner.min_new_turns={lc.min_new_turns}"
@@ -115,7 +115,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     pool, replay_excluded = exclude_eval_turns(replay_pool(cfg, tenant, task), hashes, lambda p: p.turn.input_messages)
     replayed = prioritize(pool, lc.replay_turns)
     if replay_excluded:
-        record_ledger(cfg.lake, tenant, task, [p.turn.turn_id for p in replay_excluded], 0)
+        record_ledger(cfg.table_store, tenant, task, [p.turn.turn_id for p in replay_excluded], 0)
     result.excluded_eval_turns += len(replay_excluded)
     replay = use_stats(len(turns), replayed)
     batch = turns + [p.turn for p in replayed]
@@ -133,7 +133,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     base = resolve_base_model(cfg.train.base_model, cfg.home)
     base_hash = base_model_hash(base)
     ref_key = ReferenceKey(base_hash, place(cfg.train).precision)
-    kept_refs = read_reference(cfg.lake, tenant, task, ref_key, [t.turn_id for t in batch])
+    kept_refs = read_reference(cfg.table_store, tenant, task, ref_key, [t.turn_id for t in batch])
     spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in batch])
     started = time.time()
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
@@ -171,8 +171,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
             mlflow.set_tags({"adapter_version": version.version,
                              "mlflow.runName": f"learner {tenant}/{task} v{version.version}"})
     # computed once, read by every later use of the turn (replays, later iterations)
-    record_reference(cfg.lake, tenant, task, ref_key, step.reference, f"v{version.version}")
-    record_ledger(cfg.lake, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
+    record_reference(cfg.table_store, tenant, task, ref_key, step.reference, f"v{version.version}")
+    record_ledger(cfg.table_store, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
                    version.version, [1] * len(turns) + [p.uses + 1 for p in replayed],
                    [t.weight for t in batch])
     result.registry_version = registry.register_candidate(cfg, tenant, task, run.info.run_id, version.version,
@@ -211,7 +211,7 @@ def _log_window(cfg: TracerlConfig, tenant: str, task: str, window: dict[str, An
 
 
 def _spec_versions(cfg: TracerlConfig, tenant: str, turn_ids: list[str]) -> list[str]:
-    con = connect(cfg.lake)
+    con = connect(cfg.lake, cfg.table_store)
     con.register("_ids", pa.table({"turn_id": turn_ids}))
     return [r[0] for r in con.execute(
         "SELECT DISTINCT spec_version FROM rewards WHERE settled AND tenant = ? "
@@ -220,6 +220,6 @@ def _spec_versions(cfg: TracerlConfig, tenant: str, turn_ids: list[str]) -> list
 
 def training_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:
     """Every tenant/task that has settled, labelled turns in the lake."""
-    con = connect(cfg.lake)
+    con = connect(cfg.lake, cfg.table_store)
     return [tuple(r) for r in con.execute(
         "SELECT DISTINCT tenant, task FROM rewards WHERE settled AND labelled ORDER BY ALL").fetchall()]

@@ -342,7 +342,7 @@ def test_the_canary_s_settled_sessions_per_arm_come_from_the_lake(stack, tmp_pat
     from pipelines.canary.sessions import canary_sessions
 
     cfg, since, arms = served_canary(stack, "lake", tmp_path, 12, challenger_liked=True)
-    sessions = canary_sessions(cfg.lake, "acme", "lake", since, champion=1, challenger=2)
+    sessions = canary_sessions(cfg.lake, cfg.table_store, "acme", "lake", since, champion=1, challenger=2)
     assert len(sessions) == 12
     assert sorted(x.arm for x in sessions) == sorted(CHALLENGER_ARM if v == 2 else CHAMPION_ARM for v in arms.values())
     for x in sessions:
@@ -353,8 +353,8 @@ def test_the_canary_s_settled_sessions_per_arm_come_from_the_lake(stack, tmp_pat
             assert x.reward < 0 and "tool_error_rate" not in x.metrics and x.metrics["abandoned"] == 1.0
             assert x.metrics["regenerate_rate"] == 0.5
         assert 0 < x.metrics["output_tokens"] <= 4 and x.metrics["latency_p95_s"] > 0
-    assert canary_sessions(cfg.lake, "acme", "lake", datetime.now(timezone.utc) + timedelta(hours=1), 1, 2) == []
-    assert canary_sessions(cfg.lake, "acme", "lake", since, champion=1, challenger=3) == \
+    assert canary_sessions(cfg.lake, cfg.table_store, "acme", "lake", datetime.now(timezone.utc) + timedelta(hours=1), 1, 2) == []
+    assert canary_sessions(cfg.lake, cfg.table_store, "acme", "lake", since, champion=1, challenger=3) == \
         [x for x in sessions if x.arm == CHAMPION_ARM]  # turns of another challenger version are not this canary's
 
 

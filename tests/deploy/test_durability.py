@@ -23,11 +23,11 @@ FAST_JOURNAL = EmitterConfig(journal=True, journal_sweep_s=0.5, replay_interval_
 
 
 def lake_ids(cfg: TracerlConfig) -> list[str]:
-    root = cfg.lake / "events"
-    if not root.exists():
-        return []
-    return ds.dataset(root, format="parquet", partitioning="hive").to_table(columns=["event_id"]) \
-        .column("event_id").to_pylist()
+    from pipelines.lake import delta
+
+    _, files = delta.files(cfg.lake, delta.EVENTS)
+    return ds.dataset(files, format="parquet").to_table(columns=["event_id"]).column("event_id").to_pylist() \
+        if files else []
 
 
 def kill_broker(own: TracerlConfig) -> None:

@@ -71,7 +71,7 @@ def test_a_turn_marked_not_for_training_lands_gets_a_reward_and_is_never_trained
     assert {ids["twin"], ids["consented"]} <= new and not {ids["header"], ids["body"]} & new
     # a ledger that credits every one of them (e.g. written by an older learner): replay still
     # re-checks the flag
-    record_ledger(cfg.lake, "acme", "support", list(ids.values()), 1)
+    record_ledger(cfg.table_store, "acme", "support", list(ids.values()), 1)
     pool = {p.turn.turn_id for p in replay_pool(cfg, "acme", "support")}
     assert {ids["twin"], ids["consented"]} <= pool and not {ids["header"], ids["body"]} & pool
 

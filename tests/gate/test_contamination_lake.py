@@ -17,8 +17,8 @@ def test_trained_prompts_follow_the_ledger_of_the_given_versions(tmp_path):
     land(cfg.lake, [ModelTurn(**ENV, turn_id=tid, turn_index=i, event_time=at(i), model="m", output_text="ok",
                               input_messages=[Message(role="user", content=text)])
                     for i, (tid, text) in enumerate(prompts.items())])
-    record_ledger(cfg.lake, "acme", "support", ["t1", "t2"], 1)
-    record_ledger(cfg.lake, "acme", "support", ["t3"], 2)
+    record_ledger(cfg.table_store, "acme", "support", ["t1", "t2"], 1)
+    record_ledger(cfg.table_store, "acme", "support", ["t3"], 2)
     suite = Suite("s", "primary", Exact(), [Item([{"role": "user", "content": "how many days are in a week?"}], "7")])
     v1 = trained_prompts(cfg, "acme", "support", [1])
     assert sorted(p[0]["content"] for p in v1) == ["How many days are in a week?", "Unrelated question"]

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 from pipelines.contract.events import V1_ADAPTER_VERSION, Feedback, Message, ModelTurn, SessionEnd, ToolCall
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 from pipelines.lake.query import TYPED_VIEWS, V1_SOURCES, connect
-from pipelines.lake.store import EVENTS, QUARANTINE, Lake
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS, QUARANTINE
 
 TENANT = "mallory"
 T = "2026-11-30T10:00:00.000Z"
@@ -198,18 +199,10 @@ VIEWS = ("events", "turns", "tool_calls", "feedback", "session_ends", "quarantin
 
 def land_tables(root: Path, events: pa.Table, quarantine: pa.Table) -> None:
     """Commit decoded tables (`decode_chunk`'s output) to the lake at `root`, as ingest stages them."""
-    lake = Lake(root)
-    run_id = "t-" + uuid.uuid4().hex[:8]
-    with lake.locked():
-        txn = lake.begin(run_id)
-        for part in events.select(["tenant", "day"]).group_by(["tenant", "day"]).aggregate([]).to_pylist():
-            rows = events.filter((pc.field("tenant") == part["tenant"]) & (pc.field("day") == part["day"]))
-            txn.stage(EVENTS, {"tenant": part["tenant"], "date": part["day"]}, rows.select(EVENTS_SCHEMA.names))
-        for day in sorted(set(quarantine.column("day").to_pylist())):
-            rows = quarantine.filter(pc.field("day") == day).select(QUARANTINE_SCHEMA.names)
-            txn.stage(QUARANTINE, {"date": day}, rows)
-        txn.commit({}, {"landed": events.num_rows, "quarantined": quarantine.num_rows})
-        txn.publish()
+    delta.append(root, QUARANTINE, quarantine.select(QUARANTINE_SCHEMA.names + ["day"])
+                 .rename_columns(QUARANTINE_SCHEMA.names + ["date"]))
+    delta.append(root, EVENTS, events.select(EVENTS_SCHEMA.names + ["tenant", "day"])
+                 .rename_columns(EVENTS_SCHEMA.names + ["tenant", "date"]))
 
 
 def query_views(root: Path) -> dict[str, int]:

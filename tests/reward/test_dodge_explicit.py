@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reward_lake import end, fb, land, now, tool, turn
-from pipelines.lake.store import EVENTS
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS
 from pipelines.reward import reference, rules
 from pipelines.reward.engine import run_rewards
 from pipelines.lake.tables import COMPONENTS
@@ -38,7 +39,7 @@ def engine_and_reference(root: Path, events: list, book: SpecBook) -> dict[str, 
     """Land `events`, run the SQL engine, assert the reference agrees row for row; rows by turn id."""
     land(root, events)
     got = run_rewards(root, book, now=LATE).tables
-    files = [str(p) for p in (root / EVENTS).rglob("*.parquet")]
+    _, files = delta.files(root, EVENTS)
     want = reference.compute(reference.read_signals(files), book, LATE)
     sql_rows = got.settled.to_pylist() + got.provisional.to_pylist()
     assert sorted(map(_row, sql_rows)) == sorted(map(_row, want.settled + want.provisional))

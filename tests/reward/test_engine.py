@@ -8,7 +8,6 @@ import pytest
 
 from reward_lake import at, end, fb, land, now, tool, turn
 from pipelines.contract.events import Feedback
-from pipelines.lake.store import Lake
 from pipelines.reward import engine
 from pipelines.reward.engine import ConcurrentRewardRun, run_rewards
 from pipelines.lake.query import register_reward_views
@@ -244,17 +243,6 @@ def test_concurrent_reward_runs_cannot_both_commit(lake_root, monkeypatch):
     with pytest.raises(ConcurrentRewardRun):
         run_rewards(lake_root, now=LATE)
     assert len(rows(lake_root)) == 1
-
-
-def test_reward_runs_keep_ingest_watermarks(lake_root):
-    lake = Lake(lake_root)
-    with lake.locked():
-        txn = lake.begin("ingest-x")
-        txn.commit({"topic:0": [0, 41]}, {"landed": 0})
-        txn.publish()
-    land(lake_root, [turn("t1")])
-    run_rewards(lake_root, now=LATE)
-    assert lake.watermarks() == {"topic:0": 41}
 
 
 def test_feedback_field_is_last_wins_per_family_not_across_families(lake_root):

@@ -11,7 +11,8 @@ import pytest
 from reward_lake import land
 from pipelines.contract.events import Feedback
 from pipelines.ingest.sample import generate
-from pipelines.lake.store import EVENTS, Lake
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS
 from pipelines.reward import reference
 from pipelines.reward.engine import run_rewards
 from pipelines.lake.tables import COMPONENTS
@@ -75,8 +76,9 @@ def test_engine_equals_reference_over_incremental_runs(lake_root, seed, book):
     pending: list[dict] = []
     registry: list[dict] = []
     for k in range(3):
+        before = delta.version(lake_root, EVENTS)
         land(lake_root, events[cuts[k]:cuts[k + 1]])
-        files = [str(lake_root / f["path"]) for f in Lake(lake_root).manifests()[-1].files if f["dataset"] == EVENTS]
+        _, files = delta.files(lake_root, EVENTS, after=before)  # what this run landed
         got = run_rewards(lake_root, book, now=nows[k]).tables
         want = reference.compute(reference.read_signals(files), book, nows[k], pending, registry)
         assert comparable(got.settled.to_pylist()) == comparable(want.settled)
@@ -96,7 +98,7 @@ def test_engine_equals_reference_over_incremental_runs(lake_root, seed, book):
 def test_reference_and_engine_disagree_when_the_spec_differs(lake_root):
     """The comparison above can fail: a different spec gives different totals."""
     land(lake_root, generate(40, seed=3, start=START))
-    files = [str(p) for p in (lake_root / EVENTS).rglob("*.parquet")]
+    _, files = delta.files(lake_root, EVENTS)
     got = run_rewards(lake_root, SpecBook(), now=START + timedelta(days=1)).tables
     want = reference.compute(reference.read_signals(files), CUSTOM, START + timedelta(days=1))
     assert comparable(got.settled.to_pylist()) != comparable(want.settled)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from reward_lake import end, fb, land, now, tool, turn
 from pipelines.contract.events import Event
-from pipelines.lake.store import EVENTS
+from pipelines.lake import delta
+from pipelines.lake.delta import EVENTS
 from pipelines.reward import reference
 from pipelines.reward.engine import run_rewards
 from pipelines.lake.query import register_reward_views
@@ -77,7 +78,7 @@ def tenant_view(root: Path, tenant: str = A) -> tuple[list[dict], list[dict]]:
 
 def reference_rows(root: Path, tenant: str = A) -> list[tuple]:
     """The reference, one pass over every file, the tenant's rewards and corrections."""
-    files = [str(p) for p in (root / EVENTS).rglob("*.parquet")]
+    _, files = delta.files(root, EVENTS)
     out = reference.compute(reference.read_signals(files), SpecBook(), NOWS[-1])
     rows = [r for r in out.settled + out.provisional + out.corrections if r["tenant"] == tenant]
     return sorted(tuple(sorted((k, repr(v)) for k, v in r.items())) for r in rows)

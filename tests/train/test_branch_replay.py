@@ -88,7 +88,7 @@ def _reject(cfg, r) -> None:
 
 def _ledger(cfg) -> list[tuple]:
     con = duckdb.connect()
-    return con.execute(f"SELECT turn_id, adapter_version, use, weight FROM {ledger_source(cfg.lake)} "
+    return con.execute(f"SELECT turn_id, adapter_version, use, weight FROM {ledger_source(con, cfg.table_store)} "
                        f"ORDER BY adapter_version, turn_id").fetchall()
 
 
@@ -291,22 +291,19 @@ def test_eval_prompts_are_never_replayed_even_when_the_suite_arrives_later(lcfg)
 
 @pytest.mark.slow
 def test_ledger_files_without_use_and_weight_columns_still_read(lcfg):
+    """A ledger table an older release wrote, before `use` and `weight`: the new rows' commit adds
+    the columns to its schema, and the old rows read them NULL."""
     import pyarrow as pa
 
-    from pipelines.lake.store import Lake
+    from pipelines.lake import delta
     from pipelines.train.replay import replay_pool
 
     cfg, traffic = lcfg, Traffic(lcfg)
     ids = traffic()
-    old = pa.schema([f for f in LEDGER_SCHEMA if f.name not in ("use", "weight")])
-    lake = Lake(cfg.lake)
-    with lake.locked():
-        txn = lake.begin("old-learner")
-        txn.stage(TRAINED_TURNS, {"tenant": TENANT},
-                  pa.table({"task": [TASK] * 4, "turn_id": ids, "adapter_version": [1] * 4,
-                            "trained_at": [0] * 4}, schema=old))
-        txn.commit({}, {"trained_turns": 4})
-        txn.publish()
+    old = pa.schema([f for f in LEDGER_SCHEMA if f.name not in ("use", "weight")] + [("tenant", pa.string())])
+    delta.append(cfg.table_store, TRAINED_TURNS,
+                 pa.table({"task": [TASK] * 4, "turn_id": ids, "adapter_version": [1] * 4,
+                           "trained_at": [0] * 4, "tenant": [TENANT] * 4}, schema=old))
     pool = replay_pool(cfg, TENANT, TASK)
     assert sorted(p.turn.turn_id for p in pool) == sorted(ids) and {p.uses for p in pool} == {1}
     traffic()
