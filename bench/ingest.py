@@ -2,7 +2,7 @@
 
 Produces >= 200k realistic trace events to the embedded broker, then measures
 (a) a bare consumer that only decodes JSON, and (b) the full exactly-once
-ingest (validate, dedupe, Parquet zstd, fsync, manifest, offset commit).
+ingest (validate, dedupe, Parquet zstd in a Delta commit, fsync, offset commit).
 Both read the same topic with their own consumer group; both clocks start at
 the first record, so the fixed group-join wait is excluded from both. They run
 alternately, ROUNDS times each (every ingest round into an empty lake): the bare
