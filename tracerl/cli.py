@@ -268,6 +268,14 @@ def cmd_ingest(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lake_vacuum(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.lake import delta
+
+    for dataset in delta.PARTITIONS:
+        print(f"{dataset}: {len(delta.vacuum(cfg.table_store, dataset, args.hours))} orphan files deleted")
+    return 0
+
+
 def cmd_lake_migrate(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.lake.migrate import migrate
 
@@ -502,8 +510,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("lake", help="lake maintenance")
     lsub = s.add_subparsers(dest="lake_command", required=True)
-    lsub.add_parser("migrate", help="move a lake of the layout before Delta Lake (events, quarantine) onto "
-                    "Delta tables, in place; safe to run again").set_defaults(fn=cmd_lake_migrate)
+    lsub.add_parser("migrate", help="move a lake of the layout before Delta Lake (events, quarantine, ledger, "
+                    "references) onto Delta tables, in place; safe to run again").set_defaults(fn=cmd_lake_migrate)
+    v = lsub.add_parser("vacuum", help="delete data files no commit names (left by writers killed mid-write)")
+    v.add_argument("--hours", type=int, default=24, help="only files older than this (default 24: keeps a "
+                   "commit in flight)")
+    v.set_defaults(fn=cmd_lake_vacuum)
 
     s = sub.add_parser("sql", help=f"query the lake with DuckDB (views: {', '.join(SQL_VIEWS)})",
                        description=f"Query the lake with DuckDB. Views: {', '.join(SQL_VIEWS)}.")

@@ -208,6 +208,18 @@ def data_in(table, where: list[tuple]):
     return table.to_pyarrow_dataset(file_pruning_predicate=where)
 
 
+def vacuum(root: Where, dataset: str, older_than_hours: int = 24) -> list[str]:
+    """Delete the data files no commit names that are older than ``older_than_hours``: what a
+    writer killed between writing its files and committing them left behind (never read: readers
+    take the table's file list). The lake only appends, so no committed file is ever unreferenced;
+    the age keeps the files of a commit in flight. The files deleted (none before the first commit)."""
+    table = open_table(root, dataset)
+    if table is None:
+        return []
+    return table.vacuum(retention_hours=older_than_hours, dry_run=False, enforce_retention_duration=False,
+                        full=True)
+
+
 def version(root: Where, dataset: str) -> int:
     """The dataset's current version; -1 before its first commit."""
     table = open_table(root, dataset)

@@ -149,3 +149,28 @@ def test_a_writer_that_decided_on_no_table_conflicts_with_one_that_created_it_me
     with pytest.raises(delta.CommitConflict):
         delta.append(tmp_path, EVENTS, rows, coords, base=delta.NO_TABLE)
     assert delta.open_table(tmp_path, EVENTS).to_pyarrow_table().num_rows == 1
+
+
+def test_vacuum_deletes_the_files_a_killed_writer_left_and_nothing_committed(tmp_path, monkeypatch, capsys):
+    """A writer killed after writing its data file and before its commit leaves a file no commit
+    names: `tracerl lake vacuum` deletes it once it is older than the limit, keeps a young one (a
+    commit in flight), and never touches a committed file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tracerl.cli import main
+
+    rows = pa.table({"turn_id": ["a", "b"], "tenant": ["acme", "acme"], "date": ["2026-12-01"] * 2})
+    delta.append(tmp_path, EVENTS, rows)
+    folder = tmp_path / EVENTS / "tenant=acme" / "date=2026-12-01"
+    old, young = folder / "part-00000-orphan-old.parquet", folder / "part-00000-orphan-young.parquet"
+    for path in (old, young):
+        pq.write_table(rows.select(["turn_id"]), path)
+    os.utime(old, (time.time() - 3 * 86400,) * 2)
+    committed = set(delta.files(tmp_path, EVENTS)[1])
+    os.utime(next(iter(committed)), (time.time() - 3 * 86400,) * 2)  # old, but named by a commit
+    monkeypatch.setenv("TRACERL_LAKE", str(tmp_path))
+    assert main(["--config", str(tmp_path / "none.toml"), "lake", "vacuum"]) == 0
+    assert "events: 1 orphan files deleted" in capsys.readouterr().out
+    assert not old.exists() and young.exists() and all(os.path.exists(p) for p in committed)
+    assert delta.open_table(tmp_path, EVENTS).to_pyarrow_table().num_rows == 2
