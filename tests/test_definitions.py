@@ -79,11 +79,12 @@ def test_no_freshness_where_quiet_periods_are_normal(graph):
 
 def test_schedules_sensors_and_jobs(repo):
     assert {s.name for s in repo.schedule_defs} == {
-        "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly"}
+        "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly", "lake_vacuum_daily"}
     assert {s.name: s.job_name for s in repo.sensor_defs} == {
         "enough_new_turns": "closed_loop_job", "approved_challengers": "approval_job",
         "canary_settling": "canary_job"}
     assert repo.get_schedule_def("closed_loop_hourly").job_name == "closed_loop_job"
+    assert repo.get_schedule_def("lake_vacuum_daily").job_name == "lake_vacuum_job"
     assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
 
     layer = defs.resolve_job_def("closed_loop_job").asset_layer

@@ -139,3 +139,26 @@ def test_unreachable_broker_is_a_clear_failure(tmp_path, monkeypatch):
 
     with pytest.raises(dg.Failure, match="embedded Kafka broker is not running"):
         topic_offsets(TracerlConfig(home=tmp_path))  # embedded, never started
+
+
+def test_the_daily_vacuum_job_deletes_orphan_files_through_the_lake_resource(tmp_path):
+    import os
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.config import TracerlConfig
+    from pipelines.lake import delta
+
+    cfg = TracerlConfig(home=tmp_path / "home")
+    delta.append(cfg.table_store, delta.EVENTS, pa.table({"turn_id": ["a"], "tenant": ["acme"], "date": ["2026-12-01"]}))
+    orphan = cfg.lake / delta.EVENTS / "tenant=acme" / "date=2026-12-01" / "part-00000-orphan.parquet"
+    pq.write_table(pa.table({"turn_id": ["b"]}), orphan)
+    os.utime(orphan, (time.time() - 2 * 86400,) * 2)
+    toml = tmp_path / "tracerl.toml"
+    toml.write_text(f'home = "{cfg.home}"\n')
+    result = defs.resolve_job_def("lake_vacuum_job").execute_in_process(
+        run_config={"resources": {"tracerl": {"config": {"config_path": str(toml)}}}})
+    assert result.success and not orphan.exists()
+    assert delta.open_table(cfg.table_store, delta.EVENTS).to_pyarrow_table().num_rows == 1
