@@ -28,6 +28,7 @@ import json
 import os
 from pathlib import Path
 from typing import Iterable
+from urllib.parse import unquote
 
 import pyarrow as pa
 
@@ -179,7 +180,7 @@ def _fsync_commits(path: Path, after: int, through: int) -> None:
         for line in entry.read_text().splitlines():
             add = json.loads(line).get("add")
             if add:
-                data = path / _unquote(add["path"])
+                data = path / unquote(add["path"])
                 with open(data, "rb") as f:
                     os.fsync(f.fileno())
                 dirs.add(data.parent)
@@ -187,12 +188,6 @@ def _fsync_commits(path: Path, after: int, through: int) -> None:
             os.fsync(f.fileno())
     for d in dirs | {log}:
         fsync_dir(d)
-
-
-def _unquote(p: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(p)
 
 
 def data_in(table, where: list[tuple]):
