@@ -60,15 +60,13 @@ canary_job = dg.define_asset_job("canary_job", selection=[canary], description="
            description="Every minute: for each target running a canary, a canary step once a reward run "
                        "has settled more turns since its last step.")
 def canary_settling(context: dg.SensorEvaluationContext, lake: LakeResource):
-    from pipelines.lake.store import Lake
-    from pipelines.lake.tables import reward_state
+    from pipelines.lake.reward_tables import reward_state
 
     cfg = lake.settings()
     running = live_canaries(cfg)
     if not running:
         return dg.SkipReason("no canary running")
-    latest = reward_state(Lake(cfg.lake).manifests()).manifest if cfg.lake.exists() else None
-    seq = latest.seq if latest else 0  # the last reward run's commit: a step once another committed
+    seq = reward_state(cfg.table_store).seq  # the last reward run's commit: a step once another committed
     known = set(context.instance.get_dynamic_partitions(TARGETS))
     keys = [target_key(r.tenant, r.task) for r in running]
     return dg.SensorResult(

@@ -70,7 +70,7 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
                      f"{r.provisional} provisional, corrections {r.corrections}")
     limits = CheckLimits(max_unlabelled_share=config.max_unlabelled_share,
                          drift_warn=config.drift_warn, drift_error=config.drift_error)
-    outcomes = evaluate(cfg.lake, r, book, limits)
+    outcomes = evaluate(cfg.table_store, r, book, limits)
     mean, by_target = settled_means(r.tables.settled if r.tables else None)
     return dg.MaterializeResult(
         metadata={

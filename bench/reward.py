@@ -38,7 +38,7 @@ from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS  # noqa: E402
 from pipelines.lake import delta  # noqa: E402
 from pipelines.lake.delta import EVENTS  # noqa: E402
 from pipelines.reward import reference  # noqa: E402
-from pipelines.lake.tables import RewardState  # noqa: E402
+from pipelines.lake.reward_tables import RewardState  # noqa: E402
 from pipelines.reward.engine import compute, run_rewards  # noqa: E402
 from pipelines.reward.spec import SpecBook  # noqa: E402
 

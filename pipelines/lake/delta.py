@@ -35,12 +35,18 @@ import pyarrow as pa
 from pipelines.config.tables import TableStore
 from pipelines.durable import fsync_dir
 from pipelines.lake.store import DICTIONARY_COLUMNS
+from pipelines.lake.tables import CORRECTIONS, PENDING, PROVISIONAL, REWARD_RUNS, REWARDS
 
 EVENTS = "events"
 QUARANTINE = "quarantine"
 TRAINED_TURNS = "trained_turns"  # the learner's ledger (`ledger.py`)
 REFERENCE = "reference_logprobs"  # the learner's kept reference logprobs (`reference.py`)
-PARTITIONS = {EVENTS: ["tenant", "date"], QUARANTINE: ["date"], TRAINED_TURNS: ["tenant"], REFERENCE: ["tenant"]}
+PARTITIONS = {EVENTS: ["tenant", "date"], QUARANTINE: ["date"], TRAINED_TURNS: ["tenant"], REFERENCE: ["tenant"],
+              # the reward stage's (`reward_tables.py`): settled turns and corrections by tenant and
+              # date, the open state by the run whose snapshot it is, the run log unpartitioned
+              REWARDS: ["tenant", "date"], CORRECTIONS: ["tenant", "date"], PROVISIONAL: ["snapshot"],
+              PENDING: ["snapshot"], REWARD_RUNS: []}
+PARTITION_TYPES = {"tenant": pa.string(), "date": pa.date32(), "snapshot": pa.string()}
 
 Coord = tuple[str, str, int]  # (topic, topic id or "", partition)
 Where = Path | str | TableStore  # a lake folder, or `TracerlConfig.table_store` (a folder or an object store)
@@ -141,7 +147,7 @@ def append(root: Where, dataset: str, rows: pa.Table | pa.RecordBatchReader,
     txns += [Transaction(app_id=k, version=int(v)) for k, v in (marks or {}).items()]
     try:
         write_deltalake(before, rows, mode="append",
-                        partition_by=PARTITIONS[dataset], writer_properties=_writer_properties(rows.schema),
+                        partition_by=PARTITIONS[dataset] or None, writer_properties=_writer_properties(rows.schema),
                         schema_mode="merge",  # a column a newer release adds joins the table's schema
                         commit_properties=CommitProperties(app_transactions=txns, custom_metadata=info))
     except CommitFailedError as err:
@@ -163,7 +169,7 @@ def _create(store: TableStore, schema: pa.Schema, dataset: str):
 
     uri, options = store.table_uri(dataset), store.storage_options
     try:
-        DeltaTable.create(uri, schema=schema, partition_by=PARTITIONS[dataset], mode="ignore",
+        DeltaTable.create(uri, schema=schema, partition_by=PARTITIONS[dataset] or None, mode="ignore",
                           storage_options=options, commit_properties=CommitProperties(max_commit_retries=0))
     except Exception:  # noqa: BLE001 - another writer created it that instant: read theirs
         if not DeltaTable.is_deltatable(uri, storage_options=options):
@@ -242,10 +248,12 @@ def scan(con, root: Where, dataset: str, paths: list[str], name: str) -> str:
     columns typed (``date`` a DATE). Local files: DuckDB's own read_parquet. On an object store
     DuckDB reads them through an Arrow dataset on delta-rs's file system (registered on ``con`` as
     ``name``), with the table's credentials; DuckDB needs no extension of its own for S3."""
-    partitions = {"tenant": "VARCHAR", "date": "DATE"}
     store = store_of(root)
     if store.local:
-        types = ", ".join(f"'{k}': {partitions[k]}" for k in PARTITIONS[dataset])
+        if not PARTITIONS[dataset]:
+            return f"read_parquet({paths!r}, hive_partitioning = false, union_by_name = true)"
+        sql = {"tenant": "VARCHAR", "date": "DATE", "snapshot": "VARCHAR"}  # quoted: never read as a column
+        types = ", ".join(f"'{k}': '{sql[k]}'" for k in PARTITIONS[dataset])
         return (f"read_parquet({paths!r}, hive_partitioning = true, "
                 f"hive_types = {{{types}}}, union_by_name = true)")
     import pyarrow.dataset as ds
@@ -254,21 +262,21 @@ def scan(con, root: Where, dataset: str, paths: list[str], name: str) -> str:
 
     base = store.table_uri(dataset) + "/"
     fs = PyFileSystem(DeltaStorageHandler(base, store.storage_options))
-    kinds = {"tenant": pa.string(), "date": pa.date32()}
-    hive = ds.HivePartitioning(pa.schema([(k, kinds[k]) for k in PARTITIONS[dataset]]))
+    kinds = {k: PARTITION_TYPES[k] for k in PARTITIONS[dataset]}
+    hive = ds.HivePartitioning(pa.schema(list(kinds.items()))) if kinds else None
     table = open_table(store, dataset)
     schema = table.schema().to_arrow() if table is not None else None
     data = ds.dataset([p[len(base):] for p in paths], filesystem=fs, format="parquet", partitioning=hive,
-                      schema=_with_partitions(schema, kinds, dataset) if schema is not None else None)
+                      schema=_with_partitions(schema, kinds) if schema is not None else None)
     con.register(name, data)
     return name
 
 
-def _with_partitions(schema, kinds: dict, dataset: str) -> pa.Schema:
+def _with_partitions(schema, kinds: dict) -> pa.Schema:
     """The table's schema with its partition columns typed as the views read them (the newest
     schema: older files lack a column a newer release added, which reads NULL)."""
     schema = pa.schema(schema)
-    for key in PARTITIONS[dataset]:
+    for key in kinds:
         i = schema.get_field_index(key)
         schema = schema.set(i, pa.field(key, kinds[key])) if i >= 0 else schema.append(pa.field(key, kinds[key]))
     return schema

@@ -7,7 +7,9 @@ version 1 of the events table (0 is its empty creation; their state, a manifest 
 version 1) and the rest as version 2, whose commit carries the last manifest's watermarks as application
 transactions (so ingest resumes after them and the gateway's journal keeps what they cover);
 quarantine likewise, in one commit; the trained-turns ledger and the reference logprobs in one
-commit each; then deletes the old files. Run again after a crash, it
+commit each; then the reward runs' datasets (settled rewards, corrections, the latest run's open
+state) into their tables and the runs into the run log (`reward_tables.py`), which commits them;
+then deletes the old files. Run again after a crash, it
 finishes what it began: a table's commits already made (the `tracerl/migrated` transaction marks
 its last) are not made again, and old files still there are deleted.
 """
@@ -26,9 +28,11 @@ import pyarrow.parquet as pq
 from pipelines.durable import write_json_atomic
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS, QUARANTINE, REFERENCE, TRAINED_TURNS
+from pipelines.lake.reward_tables import COMMIT_POINT
 from pipelines.lake.store import Lake, Manifest
 from pipelines.lake.tables import (
-    EVENTS_SCHEMA, LEDGER_SCHEMA, OLD_STATE_KEY, QUARANTINE_SCHEMA, REFERENCE_SCHEMA, STATE_KEY,
+    CORRECTIONS, EVENTS_SCHEMA, LEDGER_SCHEMA, OLD_STATE_KEY, PENDING, PROVISIONAL, QUARANTINE_SCHEMA,
+    REFERENCE_SCHEMA, REWARD_RUNS, REWARDS, RUN_SCHEMA, STATE_KEY, TS_US,
 )
 
 SCHEMAS = {EVENTS: EVENTS_SCHEMA, QUARANTINE: QUARANTINE_SCHEMA, TRAINED_TURNS: LEDGER_SCHEMA,
@@ -94,7 +98,62 @@ def migrate(root: Path) -> MigrationReport:
         _migrate_ingest(root, lake, manifests, report)
         for dataset in (TRAINED_TURNS, REFERENCE):
             _migrate_learner(root, manifests, dataset, report)
+        _migrate_rewards(root, lake.manifests(), report)  # after the ingest step rewrote their state
     return report
+
+
+def _reward_rows(root: Path, dataset: str, files: list[tuple[Path, Manifest]], snapshot: str | None,
+                 counted: dict[str, int]) -> pa.Table:
+    """Old files of a reward dataset as its table's rows: partition columns from the folder names
+    (``snapshot``: the run id, for the open state), ``reward_run`` from the manifest where the file lacks it."""
+    parts = []
+    for path, m in files:
+        table = pq.read_table(path, partitioning=None)
+        names = dict(p.split("=", 1) for p in path.relative_to(root / dataset).parts[:-1])
+        for key in delta.PARTITIONS[dataset]:
+            if key == "snapshot":
+                table = table.append_column(key, pa.array([snapshot] * table.num_rows, pa.string()))
+            elif key not in table.column_names:
+                table = table.append_column(key, pa.array([names[key]] * table.num_rows).cast(
+                    delta.PARTITION_TYPES[key]))
+        if dataset in (REWARDS, CORRECTIONS) and "reward_run" not in table.column_names:
+            table = table.append_column("reward_run", pa.array([m.run_id] * table.num_rows, pa.string()))
+        counted[dataset] = counted.get(dataset, 0) + table.num_rows
+        parts.append(table)
+    return pa.concat_tables(parts, promote_options="default")
+
+
+def _migrate_rewards(root: Path, manifests: list[Manifest], report: MigrationReport) -> None:
+    """Each reward dataset's old files in one commit (marked `MIGRATED`), the runs last: the run log's
+    commit is what makes them read. Then the old files are deleted."""
+    runs = [m for m in manifests if STATE_KEY in m.counts or OLD_STATE_KEY in m.counts]
+    if not runs:
+        return
+    latest = runs[-1]
+    every = {d: [(root / f["path"], m) for m in runs for f in m.files if f["dataset"] == d]
+             for d in (REWARDS, CORRECTIONS, PROVISIONAL, PENDING)}
+    every = {d: [(p, m) for p, m in files if p.exists()] for d, files in every.items()}
+    log = delta.open_table(root, REWARD_RUNS)
+    if log is None or log.transaction_version(MIGRATED) is None:
+        for dataset, files in every.items():
+            if dataset in (PROVISIONAL, PENDING):
+                files = [(p, m) for p, m in files if m.run_id == latest.run_id]
+            table = delta.open_table(root, dataset)
+            if files and (table is None or table.transaction_version(MIGRATED) is None):
+                report.files[dataset] = len(files)
+                delta.append(root, dataset, _reward_rows(root, dataset, files, latest.run_id, report.rows),
+                             marks={MIGRATED: 1}, migrating=True)
+        rows = pa.table({
+            "run_id": [m.run_id for m in runs], "seq": [m.seq for m in runs],
+            "events_version": [int(m.counts.get(STATE_KEY, -1)) for m in runs],
+            "committed_at": pa.array([int(m.created_at * 1e6) for m in runs], TS_US),
+            **{k: [int(m.counts.get(f"reward_{k}", 0)) for m in runs]
+               for k in ("settled", "provisional", "corrections", "pending")}}, schema=RUN_SCHEMA)
+        delta.append(root, REWARD_RUNS, rows, marks={MIGRATED: 1, COMMIT_POINT: latest.seq}, migrating=True)
+        report.rows[REWARD_RUNS] = len(runs)
+    for files in every.values():
+        for path, _ in files:
+            os.remove(path)
 
 
 def _migrate_learner(root: Path, manifests: list[Manifest], dataset: str, report: MigrationReport) -> None:

@@ -23,10 +23,8 @@ from pipelines.config.tables import TableStore
 from pipelines.contract.events import V1_ADAPTER_VERSION
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS, QUARANTINE
-from pipelines.lake.store import Lake
-from pipelines.lake.tables import (
-    CORRECTION_SCHEMA, CORRECTIONS, EVENTS_SCHEMA, PROVISIONAL, QUARANTINE_SCHEMA, REWARD_SCHEMA, REWARDS, reward_state,
-)
+from pipelines.lake import reward_tables
+from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
 
 _ENVELOPE = "event_id, tenant, date, app, task, trace_id, turn_id, event_time"
 
@@ -122,33 +120,16 @@ def _source(con: duckdb.DuckDBPyConnection, tables: delta.Where, dataset: str, s
     return f"_empty_{dataset}"
 
 
-_HIVE = "hive_partitioning = true, hive_types = {'tenant': VARCHAR, 'date': DATE}, union_by_name = true"
-
-
-def register_reward_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path) -> duckdb.DuckDBPyConnection:
+def register_reward_views(con: duckdb.DuckDBPyConnection, where: delta.Where) -> duckdb.DuckDBPyConnection:
     """``rewards``: settled turns (append-only) + the latest provisional snapshot, ``settled`` tells
     them apart (training reads ``WHERE settled AND labelled``); ``reward_corrections``: events that
-    arrived after their turn settled, or never found it. Provisional rows are located through the
-    latest reward manifest, never by globbing, so a reader never sees two snapshots at once."""
-    root = Path(lake_root).resolve()
-    names = ", ".join(f.name for f in REWARD_SCHEMA)
-    parts = []
-    if any((root / REWARDS).rglob("*.parquet")):
-        parts.append(f"SELECT {names} FROM read_parquet('{root / REWARDS}/**/*.parquet', {_HIVE})")
-    state = reward_state(Lake(root).manifests())
-    provisional = [str(root / p) for p in state.files(PROVISIONAL) if (root / p).exists()]
-    if provisional:
-        parts.append(f"SELECT {names} FROM read_parquet({provisional!r}, hive_partitioning = false, "
-                     "union_by_name = true)")
-    con.register("_empty_rewards", REWARD_SCHEMA.empty_table())
-    parts.append(f"SELECT {names} FROM _empty_rewards")
-    con.execute("CREATE OR REPLACE VIEW rewards AS " + " UNION ALL ".join(parts))
-    if any((root / CORRECTIONS).rglob("*.parquet")):
-        src = f"read_parquet('{root / CORRECTIONS}/**/*.parquet', {_HIVE})"
-    else:
-        con.register("_empty_reward_corrections", CORRECTION_SCHEMA.empty_table())
-        src = "_empty_reward_corrections"
-    con.execute(f"CREATE OR REPLACE VIEW reward_corrections AS SELECT * FROM {src}")
+    arrived after their turn settled, or never found it. Both as of one snapshot of the reward run
+    log (`reward_tables.py`), so a reader never sees two snapshots, or a run not committed."""
+    state = reward_tables.reward_state(where)
+    con.execute(f"CREATE OR REPLACE VIEW rewards AS SELECT * FROM {reward_tables.settled(con, where, state)} "
+                f"UNION ALL SELECT * FROM {reward_tables.provisional(con, where, state)}")
+    con.execute(f"CREATE OR REPLACE VIEW reward_corrections AS SELECT * FROM "
+                f"{reward_tables.corrections(con, where, state)}")
     return con
 
 
@@ -167,7 +148,7 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path,
         )
     quarantine = _source(con, tables, QUARANTINE, QUARANTINE_SCHEMA)
     con.execute(f"CREATE OR REPLACE VIEW quarantine AS SELECT * FROM {quarantine}")
-    return register_reward_views(con, root)
+    return register_reward_views(con, tables)
 
 
 def connect(lake_root: str | Path, tables: TableStore | None = None,

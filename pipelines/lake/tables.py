@@ -17,11 +17,7 @@ of format-1 files only does not bind; re-ingest it from Kafka.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pyarrow as pa
-
-from pipelines.lake.store import Manifest
 
 TS = pa.timestamp("ms", tz="UTC")
 
@@ -90,10 +86,12 @@ class Columns:
 # --- The reward stage's datasets (written by `pipelines/reward/engine.py`) ---
 REWARDS = "rewards"                    # settled turns, append-only: tenant=/date=/
 CORRECTIONS = "reward_corrections"     # events after their turn settled, or that never found it
-PROVISIONAL = "reward_provisional"     # snapshot=<seq>/: open turns, located by the latest reward manifest
-PENDING = "reward_pending"             # snapshot=<seq>/: signals waiting for their turn to settle
+PROVISIONAL = "reward_provisional"     # snapshot=<run>/: open turns as of each run
+PENDING = "reward_pending"             # snapshot=<run>/: signals waiting for their turn to settle
+REWARD_RUNS = "reward_runs"            # one row per committed reward run: the commit point (`reward_tables.py`)
+# Before the reward datasets were Delta tables (`migrate.py` reads these from the old manifests):
 STATE_KEY = "reward_through_events_version"  # a reward manifest's count: every events version up to it was read
-OLD_STATE_KEY = "reward_through_seq"   # before the events table was Delta: every manifest up to it (`migrate.py`)
+OLD_STATE_KEY = "reward_through_seq"   # before the events table was Delta: every manifest up to it
 
 # Component columns of the rewards dataset, in order (`pipelines/reward/spec.py` weighs them).
 COMPONENTS = ("thumbs", "rating", "output", "regenerate", "follow_up",
@@ -112,6 +110,10 @@ CORRECTION_SCHEMA = pa.schema([
     ("kind", pa.string()), ("app", pa.string()), ("task", pa.string()), ("trace_id", pa.string()),
     ("turn_id", pa.string()), ("event_time", TS_US), ("reason", pa.string()), ("component", pa.string()),
     ("value", pa.float64()), ("spec_version", pa.string()), ("reward_seq", pa.int64())])
+# The run log: one row per committed reward run, appended last (`reward_tables.py`).
+RUN_SCHEMA = pa.schema([("run_id", pa.string()), ("seq", pa.int64()), ("events_version", pa.int64()),
+                        ("committed_at", TS_US), ("settled", pa.int64()), ("provisional", pa.int64()),
+                        ("corrections", pa.int64()), ("pending", pa.int64())])
 
 # --- The learner's trained-turns ledger (`pipelines/lake/ledger.py`) ---
 # `use`: 1 = the turn's first training, k = its k-th (replay); 0 = excluded eval prompt.
@@ -128,25 +130,3 @@ REFERENCE_SCHEMA = pa.schema([("task", pa.string()), ("turn_id", pa.string()),
                               ("base_model_hash", pa.string()), ("precision", pa.string()),
                               ("ids_digest", pa.string()), ("logprobs", pa.list_(pa.float32())),
                               ("computed_at", pa.timestamp("ms", tz="UTC"))])
-
-
-@dataclass
-class RewardState:
-    events_version: int = -1             # every `events` Delta version up to here has been read (-1: none)
-    manifest: Manifest | None = None     # the latest reward manifest
-
-    def files(self, dataset: str) -> list[str]:
-        return [f["path"] for f in (self.manifest.files if self.manifest else []) if f["dataset"] == dataset]
-
-
-def is_reward_manifest(m: Manifest) -> bool:
-    return STATE_KEY in (m.counts or {}) or OLD_STATE_KEY in (m.counts or {})
-
-
-def reward_state(manifests: list[Manifest]) -> RewardState:
-    for m in reversed(manifests):
-        if STATE_KEY in (m.counts or {}):
-            return RewardState(int(m.counts[STATE_KEY]), m)
-        if OLD_STATE_KEY in (m.counts or {}):
-            raise RuntimeError("this lake's events are in the layout before Delta Lake: run `tracerl lake migrate`")
-    return RewardState()

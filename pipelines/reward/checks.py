@@ -15,15 +15,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from pipelines.lake.tables import REWARDS
-from pipelines.reward.engine import RewardRunResult
+from pipelines.lake import delta, reward_tables
 from pipelines.lake.tables import COMPONENTS
+from pipelines.reward.engine import RewardRunResult
 from pipelines.reward.spec import SpecBook
 
 
@@ -90,22 +89,18 @@ def _run_stats(con: duckdb.DuckDBPyConnection, source: str) -> str:
             f"sum((dodge IS NOT NULL)::INT)::DOUBLE AS dodge_rate_sum, count(*) AS dodge_rate_n FROM {source}")
 
 
-def component_drift(lake_root: str | Path, result: RewardRunResult, limits: CheckLimits) -> CheckOutcome:
+def component_drift(where: delta.Where, result: RewardRunResult, limits: CheckLimits) -> CheckOutcome:
     settled = result.tables.settled if result.tables else None
     if settled is None or settled.num_rows == 0:
         return CheckOutcome(DRIFT, True, "WARN", {"note": "no turns settled in this run"})
-    root = Path(lake_root).resolve()
     con = duckdb.connect()
     con.register("now_rows", settled)
     now = con.sql(_run_stats(con, "now_rows")).to_arrow_table().to_pylist()[0]
-    before: dict[str, Any] = {}
-    files = list((root / REWARDS).rglob("*.parquet"))
-    if files:
-        src = (f"(SELECT * FROM read_parquet('{root / REWARDS}/**/*.parquet', hive_partitioning = true, "
-               f"union_by_name = true) WHERE reward_seq IN (SELECT DISTINCT reward_seq FROM read_parquet("
-               f"'{root / REWARDS}/**/*.parquet', hive_partitioning = true) WHERE reward_seq < {result.seq or 2**62} "
-               f"ORDER BY reward_seq DESC LIMIT {limits.drift_history_runs}))")
-        before = con.sql(_run_stats(con, src)).to_arrow_table().to_pylist()[0]
+    rows = reward_tables.settled(con, where, reward_tables.reward_state(where))
+    con.execute(f"CREATE TEMP TABLE history AS SELECT * FROM {rows} WHERE reward_seq IN (SELECT DISTINCT "
+                f"reward_seq FROM {rows} WHERE reward_seq < {result.seq or 2**62} ORDER BY reward_seq DESC "
+                f"LIMIT {limits.drift_history_runs})")
+    before: dict[str, Any] = con.sql(_run_stats(con, "history")).to_arrow_table().to_pylist()[0]
     con.close()
     drift: dict[str, dict[str, float]] = {}
     worst = "ok"
@@ -126,10 +121,10 @@ def component_drift(lake_root: str | Path, result: RewardRunResult, limits: Chec
                          "history_runs": limits.drift_history_runs})
 
 
-def evaluate(lake_root: str | Path, result: RewardRunResult, book: SpecBook,
+def evaluate(where: delta.Where, result: RewardRunResult, book: SpecBook,
              limits: CheckLimits | None = None) -> list[CheckOutcome]:
     limits = limits or CheckLimits()
     tables = [result.tables.settled, result.tables.provisional] if result.tables else []
     settled = result.tables.settled if result.tables else pa.table({"labelled": pa.array([], pa.bool_())})
     return [unlabelled_share(settled, limits), reward_bounds(tables, book),
-            component_drift(lake_root, result, limits)]
+            component_drift(where, result, limits)]

@@ -1,30 +1,27 @@
 """One incremental reward run: new lake events -> rewards, committed atomically.
 
-State lives in the lake's own commit log, so it commits with the data or not
-at all. A reward run's manifest records `reward_through_events_version`: every
-`events` Delta version up to it has been read. A run therefore:
+State lives in the reward run log (`lake/reward_tables.py`), so it commits with the data or not at
+all. A run's row there records `events_version`: every `events` Delta version up to it has been
+read. A run therefore:
 
-1. under the lake lock: recovers, finds the latest reward manifest;
-2. reads only the `events` files added after that version (`delta.files`),
-   plus the *pending* snapshot (signals of turns not yet settled, and orphan
-   signals waiting for their turn) and, for the traces at hand, the settled-turn
-   registry (the `rewards` dataset itself);
-3. computes in DuckDB (`sql.py`);
-4. under the lock again: checks no other reward run committed meanwhile, stages
-   the settled rows (append-only, each turn exactly once), the corrections
-   (append-only), new pending and provisional snapshots, commits the manifest,
-   publishes, and drops snapshots older than the last `keep_snapshots` runs.
+1. reads the committed runs (`reward_state`), and only the `events` files added after the latest
+   one's version (`delta.files`), plus the *pending* snapshot (signals of turns not yet settled,
+   and orphan signals waiting for their turn) and, for the traces at hand, the settled-turn
+   registry (the `rewards` table itself);
+2. computes in DuckDB (`sql.py`);
+3. appends the settled rows (each turn exactly once), the corrections, and new pending and
+   provisional snapshots, then its row in the run log, the commit point: a run that committed
+   meanwhile makes this one fail with nothing of it read (`ConcurrentRewardRun`);
+4. drops the snapshots older than the last `keep_snapshots` runs.
 
-Datasets (lake root): `rewards/tenant=/date=/` settled turns (the learner reads
-these, by `reward_seq`, exactly once); `reward_corrections/tenant=/date=/`
-events that came after their turn settled, or never found their turn;
-`reward_provisional/snapshot=<seq>/`, `reward_pending/snapshot=<seq>/`:
-current open state, located through the latest reward manifest.
+Tables (where `[tables]` puts them): `rewards` (tenant, date) settled turns (the learner reads
+these, by `reward_seq`, exactly once); `reward_corrections` (tenant, date) events that came after
+their turn settled, or never found their turn; `reward_provisional`, `reward_pending` (snapshot):
+the current open state.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,10 +35,9 @@ import pyarrow.compute as pc
 from pipelines.config.tables import TableStore
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS
-from pipelines.lake.store import Lake
-from pipelines.lake.tables import (
-    CORRECTIONS, PENDING, PROVISIONAL, REWARDS, STATE_KEY, RewardState, is_reward_manifest, reward_state,
-)
+from pipelines.lake import reward_tables
+from pipelines.lake.reward_tables import RewardState, reward_state
+from pipelines.lake.tables import CORRECTIONS, PENDING, PROVISIONAL, REWARDS
 from pipelines.reward.spec import SpecBook
 from pipelines.reward.sql import DUPLICATE_IDS, SIGNAL_SCHEMA, TRACE, compute_sql, extract_sql, rewards_sql
 
@@ -74,35 +70,25 @@ def _param_table(con: duckdb.DuckDBPyConnection, book: SpecBook) -> pa.Table:
     return pa.table({k: pa.array([r[k] for r in rows], t) for k, t in types.items()})
 
 
-def compute(lake_root: Path, new_files: list[str], state: RewardState, book: SpecBook,
-            now: datetime, tables: TableStore | None = None) -> Computed:
+def compute(where: delta.Where, new_files: list[str], state: RewardState, book: SpecBook,
+            now: datetime) -> Computed:
     """The SQL part of a run; reads only, writes nothing. ``new_files``: of the events table in
-    ``tables`` (None: the lake folder's)."""
+    ``where`` (the lake folder or `TracerlConfig.table_store`)."""
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET preserve_insertion_order = false")  # row order is never relied on
-    empty = SIGNAL_SCHEMA.empty_table()
-    con.register("_empty_signals", empty)
+    con.register("_empty_signals", SIGNAL_SCHEMA.empty_table())
     if new_files:
-        events = delta.scan(con, tables or lake_root, EVENTS, new_files, "_new_events")
+        events = delta.scan(con, where, EVENTS, new_files, "_new_events")
         con.execute(f"CREATE TEMP TABLE new_sig AS {extract_sql(events)}")
     else:
         con.execute("CREATE TEMP TABLE new_sig AS SELECT * FROM _empty_signals")
-    pending = [str(lake_root / p) for p in state.files(PENDING)]
-    src = f"read_parquet({pending!r}, hive_partitioning = false)" if pending else "_empty_signals"
-    con.execute(f"CREATE TEMP TABLE pending AS SELECT * FROM {src}")
+    con.execute(f"CREATE TEMP TABLE pending AS SELECT * FROM {reward_tables.pending(con, where, state, SIGNAL_SCHEMA)}")
     reg_cols = "turn_id, trace_id, tenant, app, task, turn_index, turn_time"
-    settled_files = list((lake_root / REWARDS).rglob("*.parquet"))
-    if settled_files:
-        # Settled turns of the traces at hand, by (tenant, trace): every signal names its turn in its trace.
-        con.execute(f"""CREATE TEMP TABLE reg AS SELECT {reg_cols} FROM read_parquet(
-                          '{lake_root / REWARDS}/**/*.parquet', hive_partitioning = true,
-                          hive_types = {{'tenant': VARCHAR, 'date': DATE}}, union_by_name = true)
-                        SEMI JOIN (SELECT {TRACE} FROM new_sig UNION SELECT {TRACE} FROM pending) k
-                        USING ({TRACE})""")
-    else:
-        con.execute("""CREATE TEMP TABLE reg (turn_id VARCHAR, trace_id VARCHAR, tenant VARCHAR, app VARCHAR,
-                       task VARCHAR, turn_index INTEGER, turn_time TIMESTAMPTZ)""")
+    # Settled turns of the traces at hand, by (tenant, trace): every signal names its turn in its trace.
+    con.execute(f"""CREATE TEMP TABLE reg AS SELECT {reg_cols} FROM {reward_tables.settled(con, where, state)}
+                    SEMI JOIN (SELECT {TRACE} FROM new_sig UNION SELECT {TRACE} FROM pending) k
+                    USING ({TRACE})""")
     params = _param_table(con, book)
     con.register("params", params)
     dup_events, dup_turns = con.execute(DUPLICATE_IDS).fetchone()
@@ -143,36 +129,22 @@ class RewardRunResult:
     tables: Computed | None = None       # this run's outputs, for checks and tests
 
 
-def _stage_partitioned(txn, dataset: str, table: pa.Table, files: list[str]) -> None:
-    """One file per (tenant, date); those two live in the folder names, as in `events`."""
-    if table.num_rows == 0:
-        return
-    keys = pa.table({"tenant": table["tenant"], "date": table["date"]}).group_by(["tenant", "date"]).aggregate([])
-    for tenant, day in zip(keys["tenant"].to_pylist(), keys["date"].to_pylist()):
-        mask = pc.and_(pc.equal(table["tenant"], tenant), pc.equal(table["date"], pa.scalar(day, pa.date32())))
-        part = table.filter(mask).drop_columns(["tenant", "date"])
-        files.append(txn.stage(dataset, {"tenant": tenant, "date": day.isoformat()}, part))
-
-
 def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: datetime | None = None,
                 run_id: str | None = None, keep_snapshots: int = 2,
                 tables: TableStore | None = None) -> RewardRunResult:
     """Process what is new since the last reward run; commit atomically. `now` defaults to wall
-    clock. ``tables``: where the events table is (`TracerlConfig.table_store`); None = the lake folder."""
+    clock. ``tables``: where the tables are (`TracerlConfig.table_store`); None = the lake folder."""
     started = time.monotonic()
-    root = Path(lake_root).resolve()
+    where = tables or Path(lake_root).resolve()
     book = book or SpecBook()
     now = now or datetime.now(timezone.utc)
     result = RewardRunResult(run_id=run_id or "reward-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8])
-    lake = Lake(root)
-    with lake.locked():
-        lake.recover()
-        state = reward_state(lake.manifests())
-    result.events_version, new_files = delta.files(tables or root, EVENTS, after=state.events_version)
+    state = reward_state(where)
+    result.events_version, new_files = delta.files(where, EVENTS, after=state.events_version)
     result.new_files = len(new_files)
 
     t0 = time.monotonic()
-    out = compute(root, new_files, state, book, now, tables)
+    out = compute(where, new_files, state, book, now)
     result.compute_seconds = time.monotonic() - t0
     result.tables, result.new_signals = out, out.new_signals
     result.settled, result.provisional = out.settled.num_rows, out.provisional.num_rows
@@ -186,49 +158,22 @@ def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: dateti
         result.seconds = time.monotonic() - started
         return result  # nothing changed: no commit, no new snapshot
 
-    with lake.locked():
-        lake.recover()
-        latest = reward_state(lake.manifests()).manifest
-        if (latest.seq if latest else None) != (state.manifest.seq if state.manifest else None):
-            raise ConcurrentRewardRun(f"reward run {latest.run_id} committed while {result.run_id} was computing; "
-                                      "nothing was written: run again")
-        txn = lake.begin(result.run_id)
-        result.seq = txn.seq
-        files: list[str] = []
-        computed_at = datetime.now(timezone.utc)
+    seq, computed_at = state.seq + 1, datetime.now(timezone.utc)
 
-        def stamp(t: pa.Table) -> pa.Table:
-            n = t.num_rows
-            return (t.append_column("reward_seq", pa.array([txn.seq] * n, pa.int64()))
-                     .append_column("reward_run", pa.array([result.run_id] * n, pa.string()))
-                     .append_column("computed_at", pa.array([computed_at] * n, pa.timestamp("us", tz="UTC"))))
+    def stamp(t: pa.Table, *, when: bool = True) -> pa.Table:
+        n = t.num_rows
+        t = (t.append_column("reward_seq", pa.array([seq] * n, pa.int64()))
+              .append_column("reward_run", pa.array([result.run_id] * n, pa.string())))
+        return t.append_column("computed_at", pa.array([computed_at] * n, pa.timestamp("us", tz="UTC"))) if when else t
 
-        _stage_partitioned(txn, REWARDS, stamp(out.settled), files)
-        corrections = out.corrections.append_column(
-            "reward_seq", pa.array([txn.seq] * out.corrections.num_rows, pa.int64()))
-        _stage_partitioned(txn, CORRECTIONS, corrections, files)
-        snap = {"snapshot": f"{txn.seq:012d}"}
-        if out.provisional.num_rows:
-            files.append(txn.stage(PROVISIONAL, snap, stamp(out.provisional)))
-        if out.pending.num_rows:
-            files.append(txn.stage(PENDING, snap, out.pending))
-        txn.commit({}, {STATE_KEY: result.events_version, "reward_settled": out.settled.num_rows,
-                        "reward_provisional": out.provisional.num_rows,
-                        "reward_corrections": out.corrections.num_rows, "reward_pending": out.pending.num_rows})
-        txn.publish()
-        result.committed = True
-        _drop_old_snapshots(lake, keep_snapshots)
+    rows = {REWARDS: stamp(out.settled), CORRECTIONS: stamp(out.corrections, when=False),
+            PROVISIONAL: stamp(out.provisional), PENDING: out.pending}
+    try:
+        result.seq = reward_tables.commit(where, state, result.run_id, result.events_version, rows)
+    except delta.CommitConflict:
+        raise ConcurrentRewardRun(f"a reward run committed while {result.run_id} was computing; "
+                                  "nothing of it is read: run again") from None
+    result.committed = True
+    reward_tables.drop_snapshots(where, keep_snapshots)
     result.seconds = time.monotonic() - started
     return result
-
-
-def _drop_old_snapshots(lake: Lake, keep: int) -> None:
-    """Open-state snapshots are replaced each run; keep the last few for readers mid-query."""
-    recent = [m for m in lake.manifests() if is_reward_manifest(m)][-keep:]
-    live = {f"snapshot={m.seq:012d}" for m in recent}
-    for dataset in (PENDING, PROVISIONAL):
-        folder = lake.dataset(dataset)
-        if folder.exists():
-            for d in folder.iterdir():
-                if d.name not in live:
-                    shutil.rmtree(d, ignore_errors=True)

@@ -6,6 +6,7 @@ after a crash halfway."""
 from __future__ import annotations
 
 import json
+from datetime import date
 
 import duckdb
 import pyarrow as pa
@@ -19,8 +20,13 @@ from pipelines.lake.migrate import migrate
 from pipelines.lake.query import connect
 from pipelines.lake.store import Lake
 from pipelines.lake.reference import Reference, ReferenceKey, read_reference
-from pipelines.lake.tables import LEDGER_SCHEMA, OLD_STATE_KEY, QUARANTINE_SCHEMA, REFERENCE_SCHEMA, reward_state
+from pipelines.lake.reward_tables import reward_state
+from pipelines.lake.tables import (
+    CORRECTION_SCHEMA, CORRECTIONS, LEDGER_SCHEMA, OLD_STATE_KEY, PENDING, PROVISIONAL, QUARANTINE_SCHEMA,
+    REFERENCE_SCHEMA, REWARD_RUNS, REWARD_SCHEMA, REWARDS,
+)
 from pipelines.reward.engine import run_rewards
+from pipelines.reward.sql import SIGNAL_SCHEMA
 from tests.reward.reward_lake import events_table, fb, now, turn
 
 LATE = now(6 * 3600)  # every reward window has passed
@@ -85,11 +91,40 @@ def ledger_rows(root) -> list[tuple]:
     return sorted(con.execute(f"SELECT tenant, turn_id, adapter_version FROM {ledger_source(con, root)}").fetchall())
 
 
-def old_reward_state(lake: Lake, read_through: int) -> None:
+def _row(schema: pa.Schema, values: dict, drop: tuple = ()) -> pa.Table:
+    return pa.table({f.name: pa.array([values[f.name]], f.type) if f.name in values else pa.nulls(1, f.type)
+                     for f in schema if f.name not in drop})
+
+
+def old_reward_run(lake: Lake, read_through: int) -> None:
+    """A reward run as the release before Delta committed it: t1 settled, a correction of it, t2 open
+    (the provisional snapshot), a signal of an unknown turn pending."""
+    day = date(2026, 11, 1)
     with lake.locked():
         txn = lake.begin("old-reward")
-        txn.commit({}, {OLD_STATE_KEY: read_through})
+        seq, snap, hive = txn.seq, {"snapshot": f"{txn.seq:012d}"}, ("tenant", "date")
+        mine = {"reward_seq": seq, "reward_run": "old-reward", "trace_id": "tr-1", "task": "support"}
+        txn.stage(REWARDS, {"tenant": "acme", "date": day.isoformat()},
+                  _row(REWARD_SCHEMA, {**mine, "turn_id": "t1", "total": 1.0, "settled": True}, hive))
+        txn.stage(CORRECTIONS, {"tenant": "acme", "date": day.isoformat()},
+                  _row(CORRECTION_SCHEMA, {"event_id": "late", "turn_id": "t1", "reason": "after_settled",
+                                           "reward_seq": seq}, hive))
+        txn.stage(PROVISIONAL, snap, _row(REWARD_SCHEMA, {**mine, "tenant": "globex", "date": day,
+                                                          "turn_id": "t2", "settled": False}))
+        txn.stage(PENDING, snap, _row(SIGNAL_SCHEMA, {"event_id": "orphan", "type": "feedback", "tenant": "acme",
+                                                      "trace_id": "tr-9", "turn_id": "nope", "kind": "thumbs",
+                                                      "value": 1.0, "event_time": now(0), "ingested_at": now(0)}))
+        txn.commit({}, {OLD_STATE_KEY: read_through, "reward_settled": 1})
         txn.publish()
+
+
+def reward_rows(root) -> list[tuple]:
+    con = connect(root)
+    return sorted(con.sql("SELECT 'r', tenant, turn_id, settled FROM rewards UNION ALL "
+                          "SELECT 'c', tenant, event_id, reason = 'after_settled' FROM reward_corrections").fetchall())
+
+
+MIGRATED_REWARDS = [("c", "acme", "late", True), ("r", "acme", "t1", True), ("r", "globex", "t2", False)]
 
 
 @pytest.fixture
@@ -99,7 +134,7 @@ def old_lake(tmp_path):
     lake = Lake(tmp_path / "lake")
     first = [turn("t1"), turn("t2", tenant="globex"), fb("t1", "thumbs", value=1)]
     old_ingest_run(lake, "r1", first, 2, {"topic:0": 10, "topic:1": 4})
-    old_reward_state(lake, 1)
+    old_reward_run(lake, 1)
     old_ledger(lake, "acme", ["t1"], 1)
     old_ledger(lake, "globex", ["t2"], 1)
     old_reference(lake, "acme", "t1")
@@ -126,8 +161,10 @@ def test_an_old_lake_is_refused_until_migrated_then_reads_the_same_and_resumes_a
         has_ledger(root)
 
     report = migrate(root)
-    assert report.files == {QUARANTINE: 2, EVENTS: 3, TRAINED_TURNS: 2, REFERENCE: 2} and \
-        report.rows == {QUARANTINE: 3, EVENTS: 5, TRAINED_TURNS: 2, REFERENCE: 2}, report
+    assert report.files == {QUARANTINE: 2, EVENTS: 3, TRAINED_TURNS: 2, REFERENCE: 2, REWARDS: 1, CORRECTIONS: 1,
+                            PROVISIONAL: 1, PENDING: 1} and \
+        report.rows == {QUARANTINE: 3, EVENTS: 5, TRAINED_TURNS: 2, REFERENCE: 2, REWARDS: 1, CORRECTIONS: 1,
+                        PROVISIONAL: 1, PENDING: 1, REWARD_RUNS: 1}, report
     assert ledger_rows(root) == [("acme", "t1", 1), ("globex", "t2", 1)] and references(root) == REFERENCES
     assert references(root) == REFERENCES
     assert not [p for p in (root / TRAINED_TURNS).rglob("part-0000000000*.parquet")], "an old ledger file left"
@@ -138,17 +175,26 @@ def test_an_old_lake_is_refused_until_migrated_then_reads_the_same_and_resumes_a
     assert delta.landed(root, coords) == {coords[0]: 15, coords[1]: 4}  # ingest resumes after them
     assert delta.landed(root, coords, QUARANTINE) == {coords[0]: 15, coords[1]: 4}
     assert not [p for p in (root / EVENTS).rglob("part-0000000000*.parquet")], "an old file left"
+    assert reward_rows(root) == MIGRATED_REWARDS
+    for dataset in (REWARDS, CORRECTIONS, PROVISIONAL, PENDING):
+        assert not [p for p in (root / dataset).rglob("part-0000000000*.parquet")], f"an old {dataset} file left"
     # the reward run had read the first ingest run only: it goes on with the third's events
-    assert reward_state(old_lake.manifests()).events_version == 1
+    state = reward_state(root)
+    assert (state.events_version, state.run_id) == (1, "old-reward")
     r = run_rewards(root, now=LATE)
-    assert r.new_files == 1 and {t for t in connect(root).sql("SELECT turn_id FROM rewards").fetchall()} == {("t3",)}
+    assert r.new_files == 1 and r.seq == state.seq + 1
+    turns = connect(root).sql("SELECT turn_id, count(*) FROM rewards WHERE settled GROUP BY ALL").fetchall()
+    assert sorted(turns) == [("t1", 1), ("t3", 1)]  # t1 settled before the migration, not again
+    pending = connect(root).sql("SELECT event_id, reason FROM reward_corrections").fetchall()
+    assert ("orphan", "unknown_turn") in pending  # the old pending signal went on waiting, then expired
     assert migrate(root).line().startswith("nothing to migrate") and ids(root) == before
     assert ledger_rows(root) == [("acme", "t1", 1), ("globex", "t2", 1)]
 
 
 def test_a_migration_cut_short_anywhere_finishes_when_run_again(old_lake, monkeypatch):
     """Cut after each of its commits in turn (quarantine, events: what the rewards read, the rest,
-    the ledger, the references): the rerun lands every row once."""
+    the ledger, the references, the four reward datasets, the reward runs): the rerun lands every
+    row once."""
     import shutil
 
     root = old_lake.root
@@ -156,7 +202,7 @@ def test_a_migration_cut_short_anywhere_finishes_when_run_again(old_lake, monkey
     shutil.copytree(root, pristine)
     want = ids_after_migration(pristine.parent / "reference", pristine)
     real = delta.append
-    for cut in range(1, 6):
+    for cut in range(1, 11):
         shutil.rmtree(root)
         shutil.copytree(pristine, root)
         calls = []
@@ -175,6 +221,7 @@ def test_a_migration_cut_short_anywhere_finishes_when_run_again(old_lake, monkey
         assert len(connect(root).sql("SELECT * FROM quarantine").fetchall()) == 3
         assert ledger_rows(root) == [("acme", "t1", 1), ("globex", "t2", 1)], f"cut after commit {cut}"
         assert references(root) == REFERENCES, f"cut after commit {cut}"
+        assert reward_rows(root) == MIGRATED_REWARDS, f"cut after commit {cut}"
 
 
 def ids_after_migration(scratch, pristine) -> list[tuple]:

@@ -8,6 +8,8 @@ import pytest
 
 from reward_lake import at, end, fb, land, now, tool, turn
 from pipelines.contract.events import Feedback
+from pipelines.lake import delta, reward_tables
+from pipelines.lake.tables import PENDING, PROVISIONAL, REWARDS
 from pipelines.reward import engine
 from pipelines.reward.engine import ConcurrentRewardRun, run_rewards
 from pipelines.lake.query import register_reward_views
@@ -216,18 +218,37 @@ def test_each_turn_is_written_once_and_runs_read_only_new_files(lake_root):
     assert con.sql("SELECT count(*) FROM rewards WHERE NOT settled").fetchall() == [(0,)]
 
 
-def test_a_failed_commit_leaves_nothing_and_the_next_run_redoes_it(lake_root, monkeypatch):
-    land(lake_root, [turn("t1"), fb("t1", "accept")])
+def test_a_run_killed_before_its_commit_point_leaves_nothing_read_and_the_next_run_redoes_it(lake_root, monkeypatch):
+    """Its settled rows, correction and snapshots are in their tables; its row in the run log is not."""
+    land(lake_root, [turn("t1"), fb("t1", "accept"), turn("t2", t=100), fb("t2", "thumbs", value=1, t=110),
+                     fb("nope", "thumbs", value=1)])
+    run_rewards(lake_root, now=now(200))               # both turns open, the orphan pending
+    before = (rows(lake_root), corrections(lake_root))
+    land(lake_root, [fb("t1", "reject", t=150)])
 
-    def boom(*a, **k):
-        raise OSError("disk full")
-    monkeypatch.setattr(engine.Lake, "begin", lambda self, run_id: type("T", (), {
-        "seq": 99, "stage": boom})())
+    def killed(*a, **k):
+        raise OSError("killed")
+    monkeypatch.setattr(reward_tables, "_commit_point", killed)
     with pytest.raises(OSError):
         run_rewards(lake_root, now=LATE)
     monkeypatch.undo()
-    assert rows(lake_root) == {}
-    assert run_rewards(lake_root, now=LATE).settled == 1 and rows(lake_root)["t1"]["total"] == 0.75
+    written = {d: delta.version(lake_root, d) for d in (REWARDS, PROVISIONAL, PENDING)}
+    assert written[REWARDS] >= 1, "the killed run's settled rows are in the table"
+    assert (rows(lake_root), corrections(lake_root)) == before  # and read by no one
+    r = run_rewards(lake_root, now=LATE)
+    assert r.settled == 2 and rows(lake_root)["t1"]["total"] == -0.75 and rows(lake_root)["t1"]["settled"]
+    assert len(rows(lake_root)) == 2 and [c["reason"] for c in corrections(lake_root)] == ["unknown_turn"]
+
+
+def test_old_open_state_snapshots_are_dropped(lake_root):
+    for i in range(4):
+        land(lake_root, [turn(f"o{i}", t=i), fb("nope", "thumbs", value=1, t=i)])
+        run_rewards(lake_root, now=now(10 + i), keep_snapshots=2)
+    runs = reward_tables.reward_state(lake_root).runs.sort_by("seq")["run_id"].to_pylist()
+    for dataset in (PROVISIONAL, PENDING):
+        left = {p["snapshot"] for p in delta.open_table(lake_root, dataset).partitions()}
+        assert left == set(runs[-2:]), dataset
+    assert {t for t, r in rows(lake_root).items() if not r["settled"]} == {"o0", "o1", "o2", "o3"}
 
 
 def test_concurrent_reward_runs_cannot_both_commit(lake_root, monkeypatch):
