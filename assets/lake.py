@@ -1,6 +1,7 @@
-"""Lake maintenance: `lake_vacuum_job`, daily, deletes the data files that writers killed before
-their commit left in the Delta tables (`pipelines/lake/delta.py`: `vacuum`, the same as
-`tracerl lake vacuum`). Nothing reads such a file; they only take space."""
+"""Lake maintenance: `lake_vacuum_job`, daily, deletes the data files no commit names in the
+Delta tables: those writers killed before their commit left, and those of the reward stage's
+dropped snapshots (`pipelines/lake/delta.py`: `vacuum`, the same as `tracerl lake vacuum`).
+Nothing reads such a file; they only take space."""
 
 import dagster as dg
 

@@ -1,19 +1,18 @@
-"""The lake's own commit protocol, for the reward stage's and the learner's datasets.
+"""The lake's earlier layout: Parquet files committed by manifests under one host's lock.
 
-The ingest tables (`events`, `quarantine`) and the trained-turns ledger are Delta Lake tables
-(`delta.py`); the rest still commit here, under one host's lock, until they move to Delta too
-(issue #18). Layout:
+Every dataset is a Delta Lake table now (`delta.py`, `reward_tables.py`); this stays for
+`tracerl lake migrate` (`migrate.py`), which reads a lake of this layout, and for its tests,
+which write one. Layout:
 
-    rewards/..., reward_*/..., reference/...   the datasets' files
+    events/..., rewards/..., reward_*/..., reference/...   the datasets' files
     _log/<seq>-<run>.json          commit manifests, one per run (the commit point)
     _log/<seq>-<run>.published     marker: the manifest's files are all in place
     _staging/<run>/...             files of a run not yet committed
     _lock                          serializes commits of concurrent writers
 
-A run stages its files (fsync'd), writes its manifest atomically, then moves
-the files into place and writes the marker. Readers glob the dataset folders,
-so they never see a file of an uncommitted run. After a crash, `recover()`
-rolls committed runs forward and deletes staging of uncommitted ones.
+A run staged its files (fsync'd), wrote its manifest atomically, then moved the files into
+place and wrote the marker. After a crash, `recover()` rolls committed runs forward and
+deletes staging of uncommitted ones (migration runs it first).
 """
 
 from __future__ import annotations
@@ -30,10 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.durable import file_lock, fsync_dir, write_json_atomic
-
-# Columns worth dictionary-encoding: few distinct values. Hashing unique ids and
-# kilobyte payloads for a dictionary that is then abandoned costs ~40% of a write.
-DICTIONARY_COLUMNS = ["type", "app", "task", "kafka_topic", "run_id", "reason"]
+from pipelines.lake.delta import DICTIONARY_COLUMNS
 
 
 def write_parquet_durable(table: pa.Table, path: Path) -> None:

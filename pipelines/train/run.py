@@ -27,6 +27,7 @@ import pyarrow as pa
 from pipelines.adapters import promote
 from pipelines.config import TracerlConfig, gate_config
 from pipelines.evals.contamination import eval_hashes, exclude_eval_turns
+from pipelines.lake.delta import EVENTS
 from pipelines.lake.holdout import held_back_sql
 from pipelines.lake.ledger import ledger_source, record_ledger
 from pipelines.lake.reference import ReferenceKey, read_reference, record_reference
@@ -202,7 +203,8 @@ def _log_window(cfg: TracerlConfig, tenant: str, task: str, window: dict[str, An
     ids = "\n".join(window["turn_ids"] + window["replayed_turn_ids"]).encode()
     with warnings.catch_warnings():  # MLflow registers its local-file source twice and warns on every lookup
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source((Path(cfg.lake).resolve() / "turns").as_uri())
+        uri = cfg.table_store.table_uri(EVENTS)  # the turns' table, in the lake folder or the bucket
+        source = resolve_dataset_source(Path(uri).as_uri() if cfg.table_store.local else uri)
     ds = MetaDataset(source, name=f"lake {tenant}/{task}", digest=hashlib.sha256(ids).hexdigest()[:16])
     mlflow.log_input(ds, context="training", tags={
         "turns": str(window["turns"]), "replayed_turns": str(window["replayed_turns"]),

@@ -28,7 +28,7 @@ from pipelines.config.tables import TablesConfig
 from pipelines.faults import EXIT_CODE
 from pipelines.ingest.sample import bad_messages, generate
 from pipelines.lake import delta
-from pipelines.lake.delta import EVENTS, QUARANTINE, REFERENCE, TRAINED_TURNS
+from pipelines.lake.delta import EVENTS, QUARANTINE
 from pipelines.lake.ledger import has_ledger, ledger_source, record_ledger
 from pipelines.lake.reference import Reference, ReferenceKey, read_reference, record_reference
 from pipelines.lake.query import connect
@@ -75,7 +75,7 @@ def s3_cfg(cfg, s3_endpoint, monkeypatch):
 
 
 def assert_nothing_local(cfg) -> None:
-    for dataset in (EVENTS, QUARANTINE, TRAINED_TURNS, REFERENCE):
+    for dataset in delta.PARTITIONS:  # every table: ingest's, the reward stage's, the learner's
         assert not (cfg.lake / dataset).exists(), f"{dataset} landed on local disk, not in the bucket"
 
 

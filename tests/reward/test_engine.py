@@ -249,6 +249,9 @@ def test_old_open_state_snapshots_are_dropped(lake_root):
         left = {p["snapshot"] for p in delta.open_table(lake_root, dataset).partitions()}
         assert left == set(runs[-2:]), dataset
     assert {t for t, r in rows(lake_root).items() if not r["settled"]} == {"o0", "o1", "o2", "o3"}
+    removed = delta.vacuum(lake_root, PROVISIONAL, older_than_hours=0)  # the dropped snapshots' files go
+    assert removed and not [f for f in removed if any(run in f for run in runs[-2:])]
+    assert {t for t, r in rows(lake_root).items() if not r["settled"]} == {"o0", "o1", "o2", "o3"}
 
 
 def test_concurrent_reward_runs_cannot_both_commit(lake_root, monkeypatch):

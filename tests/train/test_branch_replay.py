@@ -133,7 +133,7 @@ def test_rejected_candidates_grow_a_branch_and_a_promotion_starts_a_new_one(lcfg
     assert run.info.run_name == f"learner {TENANT}/{TASK} v2"
     [ds] = run.inputs.dataset_inputs
     ds_tags = {t.key: t.value for t in ds.tags}
-    assert ds.dataset.name == f"lake {TENANT}/{TASK}" and "/turns" in ds.dataset.source
+    assert ds.dataset.name == f"lake {TENANT}/{TASK}" and ds.dataset.source.endswith("/events\"}")
     assert ds_tags["mlflow.data.context"] == "training" and int(ds_tags["turns"]) == r2.new_turns
     assert ds_tags["reward_spec_version"] == run_tags["reward_spec_version"]
     # the scheduled path's reward plot: every serving version's settled reward, as a PNG and metrics
