@@ -33,6 +33,8 @@ class GatewayConfig:
     health_interval_s: float = 1.0      # how often each upstream's /health is probed
     health_timeout_s: float = 2.0       # a probe slower than this failed
     health_failures: int = 2            # failed probes in a row that take an upstream out
+    sweep_interval_s: float | None = 30.0  # unload the tracerl names no gateway routes, holds or has
+                                        #   requests on (a drain that timed out, two at once); None: off
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:
@@ -47,6 +49,8 @@ class GatewayConfig:
         if self.health_interval_s <= 0 or self.health_timeout_s <= 0 or self.health_failures < 1:
             raise ValueError(f"gateway.health_interval_s={self.health_interval_s} and health_timeout_s="
                              f"{self.health_timeout_s} must be > 0, health_failures={self.health_failures} >= 1")
+        if self.sweep_interval_s is not None and self.sweep_interval_s <= 0:
+            raise ValueError(f"gateway.sweep_interval_s={self.sweep_interval_s} must be > 0, or unset for off")
         if self.queue_size < 1:
             raise ValueError(f"gateway.queue_size={self.queue_size} must be >= 1")
         keys = list(self.api_keys.values()) + ([self.admin_key] if self.admin_key else [])

@@ -17,7 +17,8 @@ Loads are serialized by one lock (concurrent loads race in vLLM 0.32).
 Several replicas (``upstreams.py``): loads and unloads go to the replicas serving; one that is
 out gets the routed adapters when it answers again (``restore_replica``), before it is put back.
 Several gateways on one home (``peers.py``): a name another gateway routes or holds is never
-unloaded (the last one to drain it does), and loads are serialized across them.
+unloaded (the last one to drain it does), and loads are serialized across them. ``sweep`` unloads
+what no gateway uses any more (two drains at once, a drain that timed out, once its requests end).
 
 Every attempt, failed or not, is one JSON line in ``<home>/deploy/swaps.jsonl``:
 ``{at, who, action, tenant, task, from, to, ok, error, load_s, drain_s, drained, unloaded,
@@ -164,11 +165,7 @@ class Deployer:
                 roots = {m.get("root") for m in models if m.get("parent") is None}
                 if self.base_root is not None and roots != {self.base_root}:
                     raise DeployError(f"vLLM at {url} serves {sorted(map(str, roots))}, not {self.base_root}")
-                want: dict[str, tuple[str, str, int]] = {}
-                for live in self.router.routes():
-                    want[live.name] = (live.tenant, live.task, live.version)
-                    if live.canary is not None:
-                        want[str(live.canary_name)] = (live.tenant, live.task, live.canary.version)
+                want = self._wanted()
                 loaded = {m["id"] for m in models if m.get("parent") is not None}
                 for name, (tenant, task, version) in sorted(want.items()):
                     if name in loaded:
@@ -197,6 +194,44 @@ class Deployer:
             record.update(ok=True, load_s=round(time.monotonic() - t0, 3))
             self._log(record)
             return record
+
+    def sweep(self, who: str = "sweep") -> dict[str, Any] | None:
+        """Unload from the replicas the deployer's names (``tenant/task/vN``) nobody uses: not routed
+        here, held by no gateway, no request of this gateway on them. Two gateways draining one name
+        at once leave it loaded (each saw the other's hold), and a drain that timed out keeps its hold
+        until its requests end; this releases such holds and unloads what is left. One swaps.jsonl
+        record when it changed anything, else None. The gateway runs it every ``sweep_interval_s``."""
+        with self._lock:
+            released = sorted(n for n in self.holds.names() - set(self._wanted()) if self.router.inflight(n) == 0)
+            for name in released:
+                self.holds.discard(name)
+            keep = set(self._wanted()) | self.holds.names()
+            loaded: dict[str, set[str]] = {}
+            for url in self.upstreams.serving():
+                try:
+                    loaded[url] = {m["id"] for m in admin.list_models(url)
+                                   if m.get("parent") is not None and ROUTE_NAME.match(m["id"])}
+                except admin.VllmAdminError:
+                    continue  # a replica going down: the probes take it out, its restore unloads the rest
+            others = self._others()  # read after listing: a peer's hold, written before its load, protects it
+            unloaded = [f"{name} from {url}" for url, names in loaded.items()
+                        for name in sorted(names - keep - others)
+                        if self.router.inflight(name) == 0 and self._unload_one(url, name)]
+            if not (released or unloaded):
+                return None
+            record = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who,
+                      "action": "sweep", "ok": True, "released": released, "unloaded": unloaded}
+            self._log(record)
+            return record
+
+    def _wanted(self) -> dict[str, tuple[str, str, int]]:
+        """The names this gateway routes (champions and canaries): name -> (tenant, task, version)."""
+        want: dict[str, tuple[str, str, int]] = {}
+        for live in self.router.routes():
+            want[live.name] = (live.tenant, live.task, live.version)
+            if live.canary is not None:
+                want[str(live.canary_name)] = (live.tenant, live.task, live.canary.version)
+        return want
 
     # -- the canary ---------------------------------------------------------------------------
 
@@ -272,9 +307,9 @@ class Deployer:
             t1 = time.monotonic()
             record["drained"] = self.router.wait_drained(name, self.drain_timeout_s)
             record["drain_s"] = round(time.monotonic() - t1, 3)
-            if record["drained"]:
+            if record["drained"]:  # else held until its requests end: ``sweep`` releases and unloads it
                 record["unloaded"] = self._unload(name)
-            self.holds.discard(name)
+                self.holds.discard(name)
             ended1 = self.router.ended(tenant, task)
             record["requests"], record["failed_requests"] = ended1[0] - ended0[0], ended1[1] - ended0[1]
             self._log(record)
@@ -333,9 +368,9 @@ class Deployer:
                 t1 = time.monotonic()
                 record["drained"] = self.router.wait_drained(old.name, self.drain_timeout_s)
                 record["drain_s"] = round(time.monotonic() - t1, 3)
-                if record["drained"]:
+                if record["drained"]:  # else held until its requests end: ``sweep`` releases and unloads it
                     record["unloaded"] = self._unload(old.name)
-                self.holds.discard(old.name)
+                    self.holds.discard(old.name)
             ended1 = self.router.ended(tenant, task)
             record["requests"], record["failed_requests"] = ended1[0] - ended0[0], ended1[1] - ended0[1]
             self._log(record)

@@ -166,7 +166,7 @@ class Gateway:
         self.max_event_bytes = emitter.cfg.ingest.max_event_bytes
         self.session: ClientSession | None = None
         self.counts = {"requests": 0, "upstream_errors": 0, "upstream_retries": 0, "client_disconnects": 0,
-                       "reconciles": 0, "reconcile_swaps": 0, "reconcile_errors": 0,
+                       "reconciles": 0, "reconcile_swaps": 0, "reconcile_errors": 0, "swept": 0, "sweep_errors": 0,
                        "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0}
 
     def app(self) -> web.Application:
@@ -199,6 +199,8 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._probe_loop()))
         if self.gcfg.reconcile_interval_s:
             self._tasks.append(asyncio.create_task(self._reconcile_loop()))
+        if self.gcfg.sweep_interval_s:
+            self._tasks.append(asyncio.create_task(self._sweep_loop()))
 
     async def _close(self, _app: web.Application) -> None:
         for task in self._tasks:
@@ -253,6 +255,18 @@ class Gateway:
                 return r.status == 200, f"/health answered {r.status}"
         except Exception as err:  # noqa: BLE001 - refused, reset, timeout: the replica is not serving
             return False, f"/health: {type(err).__name__}: {err}"
+
+    async def _sweep_loop(self) -> None:
+        """Every sweep_interval_s: unload what no gateway uses any more (``Deployer.sweep``)."""
+        while True:
+            await asyncio.sleep(float(self.gcfg.sweep_interval_s or 0))
+            try:
+                record = await asyncio.to_thread(self.deployer.sweep, f"{self.who} sweep")
+            except Exception:  # noqa: BLE001 - a replica or the home unreachable: retry next tick
+                self.counts["sweep_errors"] += 1
+                continue
+            if record is not None:
+                self.counts["swept"] += len(record["unloaded"])
 
     async def _probe_loop(self) -> None:
         """Every health_interval_s: probe each replica; one failing health_failures probes in a row

@@ -5,7 +5,8 @@ and beside it ``holds.json``: the names it holds beyond its routes, from just be
 until it has drained one it stopped routing. A version one gateway drained may still serve
 another's requests, so a name is unloaded from the replicas only when no other gateway holds it
 (``held_by_others``); the gateway that drains it last unloads it, and ``Deployer.sweep`` unloads
-what a race left loaded. Holds are written before a load and read after listing what a replica
+what a race left loaded (two gateways draining one name at once) and releases a hold whose drain
+timed out once its requests have ended. Holds are written before a load and read after listing what a replica
 has loaded, so a sweep never unloads a name a peer is about to route.
 
 Loads into a replica are serialized across the gateways by ``load_lock`` (concurrent loads race
@@ -61,6 +62,10 @@ class Holds:
         self.path = Path(deploy_dir) / HOLDS
         self._names: set[str] = set()
         self._lock = threading.Lock()
+
+    def names(self) -> set[str]:
+        with self._lock:
+            return set(self._names)
 
     def add(self, name: str) -> None:
         with self._lock:

@@ -75,7 +75,10 @@ def stack(tmp_path_factory, broker):
     for seed in (1, 2, 3):  # v1, v2, v3 of acme/support
         publish(store, base, make_adapter(base, root / f"src-{seed}", seed=seed), h)
     publish(store, base, make_adapter(base, root / "src-g", seed=7), h, tenant="globex", task="support")
-    gcfg = GatewayConfig(api_keys=KEYS, admin_key=ADMIN, upstreams=[state.base_url], replay_interval_s=1.0)
+    # No sweep: test_kafka_down_... puts a gateway of another home on this vLLM, which a sweep of
+    # either would take for a name nobody uses (gateways sharing replicas share a home).
+    gcfg = GatewayConfig(api_keys=KEYS, admin_key=ADMIN, upstreams=[state.base_url], replay_interval_s=1.0,
+                         sweep_interval_s=None)
     gw = GatewayThread(build_gateway(cfg, gcfg))
     yield dict(cfg=cfg, gcfg=gcfg, gw=gw, url=gw.url, vllm=state.base_url, base=base, store=store, hash=h, root=root)
     gw.stop()
@@ -323,7 +326,8 @@ def test_kafka_down_during_traffic_fails_no_request_and_loses_no_turn(stack, tmp
     cfg.adapter_root.symlink_to(stack["cfg"].adapter_root)
     cfg.kafka.bootstrap_servers = f"127.0.0.1:{port}"
     cfg.kafka.topic = own.kafka.topic = f"t-{uuid.uuid4().hex[:8]}"
-    gcfg = GatewayConfig(api_keys=KEYS, admin_key=ADMIN, upstreams=[stack["vllm"]], replay_interval_s=1.0)
+    gcfg = GatewayConfig(api_keys=KEYS, admin_key=ADMIN, upstreams=[stack["vllm"]], replay_interval_s=1.0,
+                         sweep_interval_s=None)  # another home on the stack's vLLM (see the fixture)
     gw = GatewayThread(build_gateway(cfg, gcfg, max_block_ms=1000, bootstrap_timeout_ms=1000,
                                      request_timeout_ms=1000))
     try:

@@ -1,6 +1,7 @@
 """One gateway in front of two real vLLM replicas (tiny model, CPU): a replica killed under load
 is taken out and fails no request, swaps go on while it is out, and when it is back it holds the
-routed version (none of the stale ones) before it is sent requests again.
+routed version (none of the stale ones) before it is sent requests again. Two gateways follow the
+registry on the same replicas, and a sweep unloads what no gateway uses any more.
 
 Two vLLM servers for the module (~40 s each to start, one restarted in the test); the gateway
 runs in a thread of the test process, on the session's Kafka.
@@ -57,7 +58,8 @@ def pair(tmp_path_factory, broker):
     for seed in (1, 2, 3):  # v1, v2, v3 of acme/support
         publish(store, base, make_adapter(base, root / f"src-{seed}", seed=seed), h)
     gcfg = GatewayConfig(api_keys=KEYS, admin_key=ADMIN, upstreams=[s.base_url for s in states],
-                         replay_interval_s=1.0, health_interval_s=0.5, health_failures=2)
+                         replay_interval_s=1.0, health_interval_s=0.5, health_failures=2,
+                         sweep_interval_s=None)  # test_a_sweep_... runs its sweeps itself
     gw = GatewayThread(build_gateway(cfg, gcfg))
     yield dict(cfg=cfg, gw=gw, url=gw.url, base=base, homes=homes, states=states)
     gw.stop()
@@ -113,17 +115,22 @@ def test_a_replica_killed_under_load_and_restarted_fails_no_request_and_rejoins_
         moved = swap(url, 2)  # while b is out: loaded into a only
         assert moved[0] == 200 and adapters(a) == {"acme/support/v2"}, moved
 
-        stop_vllm(pair["homes"][1])
-        start_vllm(pair["base"], home=pair["homes"][1], port=pair["states"][1].port, cpu_threads=cores(1),
-                   **SERVE)  # same address
+    # Restarted between two bursts of traffic: on these 2 cores a vLLM starting while a's worker
+    # serves was seen pinned to a's core and starved there (not started in 300 s, 3 of 5 runs; the
+    # pinning's source not found), which separate replica hosts do not share.
+    stop_vllm(pair["homes"][1])
+    start_vllm(pair["base"], home=pair["homes"][1], port=pair["states"][1].port, cpu_threads=cores(1),
+               **SERVE)  # same address
+    with traffic([url]) as more:
         assert wait_for(lambda: replica(url, b)["serving"], 120), replica(url, b)
         assert adapters(b) == {"acme/support/v2"}  # restored before it was put back
         served_b = replica(url, b)["requests"]
         assert wait_for(lambda: replica(url, b)["requests"] >= served_b + 5, 60)
 
         last = swap(url, 3)  # both serving again: loaded into both, v2 unloaded from both
-        n = len(results)
-        assert wait_for(lambda: len(results) >= n + 10, 60)
+        n = len(more)
+        assert wait_for(lambda: len(more) >= n + 10, 60)
+    results += more
     assert [r for r in results if r[1] != 200] == []
     assert {v for _, _, v in results} == {1, 2, 3}
     assert last[0] == 200 and last[1]["failed_requests"] == 0 and last[1]["unloaded"], last
@@ -192,6 +199,56 @@ def test_two_gateways_follow_the_registry_under_load_and_split_a_canary_alike(pa
     finally:
         for g in gateways:
             g.stop()
+
+
+def test_a_sweep_unloads_what_no_gateway_uses_and_keeps_what_a_request_or_a_peer_holds(pair):
+    """A name a race left loaded on both replicas (two gateways draining it at once) goes at the next
+    sweep; a version whose drain timed out stays loaded and held while its request runs, and goes at
+    the first sweep after the request ended; a gateway's own sweep loop does the same on its own."""
+    import shutil
+
+    from pipelines.deploy.deployer import read_swaps
+
+    cfg, gw = pair["cfg"], pair["gw"].gateway
+    url, upstreams = pair["url"], [s.base_url for s in pair["states"]]
+    for name in ("a", "b"):  # the previous test's gateways, retired for good (docs/scale-out.md)
+        shutil.rmtree(cfg.home / "gateways" / name, ignore_errors=True)
+    store = AdapterStore(cfg.adapter_root)
+    assert routed(url) == 3 and swap(url, 1)[0] == 200  # the fixture's gateway serves v1
+    stray = "acme/support/v2"  # the retired gateways' champion, still loaded: routed and held by nobody,
+    for upstream in upstreams:  # as two drains at once leave a name
+        if stray not in adapters(upstream):
+            admin.load_adapter(upstream, stray, store.get("acme", "support", 2).path)
+    lease = gw.router.acquire("acme", "support")  # a request on v1 that outlives the drain
+    gw.deployer.drain_timeout_s = 0.2
+    try:
+        status, moved = swap(url, 3)
+        assert status == 200 and moved["drained"] is False and "unloaded" not in moved, moved
+        first = gw.deployer.sweep("test")
+        assert sorted(first["unloaded"]) == sorted(f"{stray} from {u}" for u in upstreams), first
+        assert first["released"] == []  # v1 still has its request
+        assert all(adapters(u) == {"acme/support/v1", "acme/support/v3"} for u in upstreams)
+    finally:
+        gw.router.release(lease)
+        gw.deployer.drain_timeout_s = 120.0
+    second = gw.deployer.sweep("test")
+    assert second["released"] == ["acme/support/v1"] and len(second["unloaded"]) == 2, second
+    assert all(adapters(u) == {"acme/support/v3"} for u in upstreams)
+    assert gw.deployer.sweep("test") is None  # nothing left to do: nothing logged
+    assert [r["action"] for r in read_swaps(cfg.home / "deploy" / "swaps.jsonl")][-3:] == ["deploy", "sweep", "sweep"]
+
+    looping = GatewayThread(build_gateway(cfg, GatewayConfig(
+        api_keys=KEYS, admin_key=ADMIN, upstreams=upstreams, replay_interval_s=1.0, instance="c",
+        sweep_interval_s=0.5)))
+    try:
+        for upstream in upstreams:
+            admin.load_adapter(upstream, stray, store.get("acme", "support", 2).path)
+        assert wait_for(lambda: all(adapters(u) == {"acme/support/v3"} for u in upstreams), 30), \
+            [adapters(u) for u in upstreams]
+        assert wait_for(lambda: looping.gateway.counts["swept"] == 2, 10), looping.gateway.counts
+        assert looping.gateway.counts["sweep_errors"] == 0
+    finally:
+        looping.stop()
 
 
 def swap_history_of(cfg, instance: str) -> list[dict]:
