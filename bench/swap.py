@@ -57,15 +57,9 @@ def make_adapter(base: Path, out: Path, seed: int, r: int = 8) -> Path:
 
 
 def _gateway_main(cfg: TracerlConfig, gcfg: GatewayConfig) -> None:
-    from aiohttp import web
+    from pipelines.deploy.service import serve
 
-    from pipelines.deploy.service import build_gateway
-
-    gateway = build_gateway(cfg, gcfg)
-    try:
-        web.run_app(gateway.app(), host=gcfg.host, port=gcfg.port, access_log=None, print=None, backlog=1024)
-    finally:
-        gateway.emitter.close()
+    serve(cfg, gcfg, backlog=1024)
 
 
 def _free_port() -> int:

@@ -157,15 +157,16 @@ class GatewayThread:
         self.gateway.emitter.close()
 
 
-def serve(cfg: TracerlConfig) -> None:
+def serve(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, backlog: int = 128) -> None:
     """Run the gateway in the foreground until SIGTERM/SIGINT (what ``start_gateway`` spawns)."""
     from aiohttp import web
 
-    gcfg = gateway_config(cfg)
+    gcfg = gcfg or gateway_config(cfg)
     gateway = build_gateway(cfg, gcfg)
     print(f"tracerl gateway on http://{gcfg.host}:{gcfg.port} -> {gateway.upstreams.urls}", flush=True)
     try:
-        web.run_app(gateway.app(), host=gcfg.host, port=gcfg.port or 0, access_log=None, print=None)
+        web.run_app(gateway.app(), host=gcfg.host, port=gcfg.port or 0, access_log=None, print=None,
+                    backlog=backlog)
     finally:
         gateway.emitter.close()
 
