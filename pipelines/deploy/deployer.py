@@ -202,10 +202,11 @@ class Deployer:
         until its requests end; this releases such holds and unloads what is left. One swaps.jsonl
         record when it changed anything, else None. The gateway runs it every ``sweep_interval_s``."""
         with self._lock:
-            released = sorted(n for n in self.holds.names() - set(self._wanted()) if self.router.inflight(n) == 0)
+            wanted = set(self._wanted())
+            released = sorted(n for n in self.holds.names() - wanted if self.router.inflight(n) == 0)
             for name in released:
                 self.holds.discard(name)
-            keep = set(self._wanted()) | self.holds.names()
+            keep = wanted | self.holds.names()
             loaded: dict[str, set[str]] = {}
             for url in self.upstreams.serving():
                 try:

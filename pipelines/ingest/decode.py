@@ -31,7 +31,7 @@ from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
 ROUTING = [("tenant", pa.string()), ("day", pa.string()), ("row", pa.int64())]
 EVENTS_WITH_ROUTING = pa.schema(list(EVENTS_SCHEMA) + [pa.field(n, t) for n, t in ROUTING])
 # What `Decoder` returns: the raw bytes stay out. The poller holds them, and ingest adds each
-# partition's as it stages it (`payload_column`): sending ~1 KB an event back from a worker, and
+# partition's as it stages it (`with_payload`): sending ~1 KB an event back from a worker, and
 # copying it again to split the batch by partition, cost more CPU than the decode saved.
 PAYLOAD = EVENTS_WITH_ROUTING.get_field_index("payload")
 EVENTS_DECODED = EVENTS_WITH_ROUTING.remove(PAYLOAD)
@@ -120,16 +120,16 @@ def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
         bad.append(_internal_row(chunk, row[-1] - first, "building the events table failed", err, now_ms, run_id))
     bad.sort(key=lambda r: r[-1])
     if payload:
-        events = events.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD),
-                                   payload_column(chunk.values, events.column("row"), first))
+        events = with_payload(events, chunk.values, first)
     return events, _table(bad, QUARANTINE_WITH_ROUTING)
 
 
-def payload_column(values: list, rows: pa.ChunkedArray, first_row: int = 0) -> pa.Array:
-    """The raw messages of the events at `rows` (their positions, `values[0]` at `first_row`):
-    bytes `decode_message` accepted, so strict UTF-8, cast to strings in one C-level, checked call."""
-    raw = pa.array([bytes(values[i - first_row]) for i in rows.to_pylist()], pa.binary())
-    return raw.cast(pa.string())
+def with_payload(events: pa.Table, values: list, first_row: int = 0) -> pa.Table:
+    """`events` (without their payload) with the raw message of each row as its payload column
+    (`values[0]` is the record at `first_row`): bytes `decode_message` accepted, so strict UTF-8,
+    cast to strings in one C-level, checked call."""
+    raw = pa.array([bytes(values[i - first_row]) for i in events.column("row").to_pylist()], pa.binary())
+    return events.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD), raw.cast(pa.string()))
 
 
 def _event_row(e: dict, topic: str, part: int, offset: int, now_ms: int, run_id: str, row: int) -> tuple:

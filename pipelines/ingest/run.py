@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from pipelines.config import TracerlConfig
 from pipelines.faults import failpoint
-from pipelines.ingest.decode import EVENTS_WITH_ROUTING, PAYLOAD, Chunk, Decoder, payload_column
+from pipelines.ingest.decode import Chunk, Decoder, with_payload
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS, QUARANTINE
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
@@ -232,8 +232,7 @@ def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResul
     if new is not None:
         result.duplicates += unique.num_rows - pc.sum(new).as_py()
         unique = unique.filter(new)  # still in Kafka order
-    rows = unique.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD),
-                             payload_column([r.value for r in records], unique.column("row")))
+    rows = with_payload(unique, [r.value for r in records])
     result.landed = rows.num_rows
     result.quarantined = quarantine.num_rows
     for reason in quarantine.column("reason").to_pylist():
