@@ -232,11 +232,11 @@ def version(root: Where, dataset: str) -> int:
 
 
 def files(root: Where, dataset: str, after: int | None = None,
-          where: list[tuple] | None = None) -> tuple[int, list[str]]:
-    """(the current version, the data files of the table at it), or with ``after`` only the files
-    added since version ``after`` (the lake only appends: no compaction rewrites a file); ``where``:
+          where: list[tuple] | None = None, at: int | None = None) -> tuple[int, list[str]]:
+    """(the current version, or ``at``, the data files of the table at it), or with ``after`` only the
+    files added since version ``after`` (the lake only appends: no compaction rewrites a file); ``where``:
     only those of the partitions it selects (delta-rs tuple filters, ``[("tenant", "=", t)]``)."""
-    table = open_table(root, dataset)
+    table = open_table(root, dataset, version=at)
     if table is None:
         check_layout(root, dataset)
         return -1, []
@@ -245,6 +245,28 @@ def files(root: Where, dataset: str, after: int | None = None,
         now -= set(open_table(root, dataset, version=min(after, table.version())).file_uris(
             file_pruning_predicate=where))
     return table.version(), sorted(now)
+
+
+def relative(root: Where, dataset: str, uris: Iterable[str]) -> list[str]:
+    """``uris`` (from `files`) as paths inside the table: what a reader records of what it read, so
+    the record holds wherever the lake is mounted or named."""
+    base = store_of(root).table_uri(dataset).rstrip("/") + "/"
+    return [u[len(base):] if u.startswith(base) else u for u in uris]
+
+
+def files_since(root: Where, dataset: str, read: set[str] | None, after: int) -> tuple[int, list[str], list[str]]:
+    """(the current version, its data files not in ``read``, every data file of it as `relative`
+    paths). ``read``: the `relative` paths a reader has read so far (the lake only appends, so the
+    rest are new), exact however old the reader's last read is. None: only the version it read
+    through is known (``after``, -1 for none), which needs that version's log entries, and Delta
+    keeps them for ``delta.logRetentionDuration`` (30 days by default), then drops them at a
+    checkpoint: a reader that records ``read`` from then on never needs them again."""
+    if read is None:
+        version, new = files(root, dataset, after=after)
+        return version, new, relative(root, dataset, files(root, dataset, at=version)[1]) if version >= 0 else []
+    version, uris = files(root, dataset)
+    paths = relative(root, dataset, uris)
+    return version, [u for u, p in zip(uris, paths) if p not in read], paths
 
 
 def scan(con, root: Where, dataset: str, paths: list[str], name: str) -> str:

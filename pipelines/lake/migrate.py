@@ -148,7 +148,8 @@ def _migrate_rewards(root: Path, manifests: list[Manifest], report: MigrationRep
             "events_version": [int(m.counts.get(STATE_KEY, -1)) for m in runs],
             "committed_at": pa.array([int(m.created_at * 1e6) for m in runs], TS_US),
             **{k: [int(m.counts.get(f"reward_{k}", 0)) for m in runs]
-               for k in ("settled", "provisional", "corrections", "pending")}}, schema=RUN_SCHEMA)
+               for k in ("settled", "provisional", "corrections", "pending")},
+            "events_files": [None] * len(runs)}, schema=RUN_SCHEMA)  # only their events_version is known
         delta.append(root, REWARD_RUNS, rows, marks={MIGRATED: 1, COMMIT_POINT: latest.seq}, migrating=True)
         report.rows[REWARD_RUNS] = len(runs)
     for files in every.values():

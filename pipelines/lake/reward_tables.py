@@ -59,6 +59,19 @@ class RewardState:
         """Every `events` version up to here has been read (-1: none)."""
         return self.latest["events_version"] if self.latest else -1
 
+    @property
+    def events_read(self) -> set[str] | None:
+        """The `events` files read so far (`delta.relative` paths); None where the latest run is of a
+        release that did not record them (then only `events_version` says what was read)."""
+        latest = self.latest
+        if latest is None:
+            return set()
+        if latest["events_files"] is None:
+            return None
+        import pyarrow.compute as pc
+
+        return set(pc.list_flatten(self.runs["events_files"]).to_pylist())
+
 
 def reward_state(where: delta.Where) -> RewardState:
     table = delta.open_table(where, REWARD_RUNS)
@@ -66,7 +79,11 @@ def reward_state(where: delta.Where) -> RewardState:
         for dataset in (REWARDS, CORRECTIONS, PROVISIONAL, PENDING):
             delta.check_layout(where, dataset)  # reward data of the manifest layout: migrate first
         return RewardState(RUN_SCHEMA.empty_table())
-    return RewardState(table.to_pyarrow_table().select(RUN_SCHEMA.names).cast(RUN_SCHEMA), table)
+    runs = table.to_pyarrow_table()
+    for f in RUN_SCHEMA:  # a column a later release added: null in the runs before it
+        if f.name not in runs.column_names:
+            runs = runs.append_column(f.name, pa.nulls(runs.num_rows, f.type))
+    return RewardState(runs.select(RUN_SCHEMA.names).cast(RUN_SCHEMA), table)
 
 
 def _runs(con: duckdb.DuckDBPyConnection, state: RewardState) -> str:
@@ -117,11 +134,11 @@ def pending(con: duckdb.DuckDBPyConnection, where: delta.Where, state: RewardSta
 
 
 def commit(where: delta.Where, state: RewardState, run_id: str, events_version: int,
-           rows: dict[str, pa.Table]) -> int:
+           rows: dict[str, pa.Table], events_files: list[str]) -> int:
     """Commit one run that started from ``state``: ``rows`` per dataset (each row already carrying
     ``reward_run`` = ``run_id``; the snapshots get their partition here), then its row in the run
-    log. Its sequence number; `delta.CommitConflict` where another run committed since ``state``
-    (nothing of this one is read then)."""
+    log, with ``events_files`` (`RewardState.events_read`). Its sequence number; `delta.CommitConflict`
+    where another run committed since ``state`` (nothing of this one is read then)."""
     seq = state.seq + 1
     info = {"tracerl.run": run_id}
     for dataset in (REWARDS, CORRECTIONS, PROVISIONAL, PENDING):
@@ -134,7 +151,8 @@ def commit(where: delta.Where, state: RewardState, run_id: str, events_version: 
     counts = {k: (rows[d].num_rows if d in rows else 0) for k, d in
               (("settled", REWARDS), ("provisional", PROVISIONAL), ("corrections", CORRECTIONS), ("pending", PENDING))}
     run = pa.table({"run_id": [run_id], "seq": [seq], "events_version": [events_version],
-                    "committed_at": [int(time.time() * 1e6)], **{k: [v] for k, v in counts.items()}},
+                    "committed_at": [int(time.time() * 1e6)], **{k: [v] for k, v in counts.items()},
+                    "events_files": [events_files]},
                    schema=RUN_SCHEMA)
     _commit_point(where, state, run, seq, info)
     return seq

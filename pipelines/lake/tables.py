@@ -111,9 +111,13 @@ CORRECTION_SCHEMA = pa.schema([
     ("turn_id", pa.string()), ("event_time", TS_US), ("reason", pa.string()), ("component", pa.string()),
     ("value", pa.float64()), ("spec_version", pa.string()), ("reward_seq", pa.int64())])
 # The run log: one row per committed reward run, appended last (`reward_tables.py`).
+# `events_files`: the events table's files the run read (`delta.relative` paths), so the next run
+# finds what is new without the log of `events_version` (Delta drops it after 30 days); null in
+# runs of a release before it, and the first run after those records every file it has read.
 RUN_SCHEMA = pa.schema([("run_id", pa.string()), ("seq", pa.int64()), ("events_version", pa.int64()),
                         ("committed_at", TS_US), ("settled", pa.int64()), ("provisional", pa.int64()),
-                        ("corrections", pa.int64()), ("pending", pa.int64())])
+                        ("corrections", pa.int64()), ("pending", pa.int64()),
+                        ("events_files", pa.list_(pa.string()))])
 
 # --- The learner's trained-turns ledger (`pipelines/lake/ledger.py`) ---
 # `use`: 1 = the turn's first training, k = its k-th (replay); 0 = excluded eval prompt.

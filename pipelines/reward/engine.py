@@ -140,7 +140,8 @@ def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: dateti
     now = now or datetime.now(timezone.utc)
     result = RewardRunResult(run_id=run_id or "reward-" + time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8])
     state = reward_state(where)
-    result.events_version, new_files = delta.files(where, EVENTS, after=state.events_version)
+    read = state.events_read
+    result.events_version, new_files, every_file = delta.files_since(where, EVENTS, read, state.events_version)
     result.new_files = len(new_files)
 
     t0 = time.monotonic()
@@ -169,7 +170,8 @@ def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: dateti
     rows = {REWARDS: stamp(out.settled), CORRECTIONS: stamp(out.corrections, when=False),
             PROVISIONAL: stamp(out.provisional), PENDING: out.pending}
     try:
-        result.seq = reward_tables.commit(where, state, result.run_id, result.events_version, rows)
+        recorded = every_file if read is None else delta.relative(where, EVENTS, new_files)
+        result.seq = reward_tables.commit(where, state, result.run_id, result.events_version, rows, recorded)
     except delta.CommitConflict:
         raise ConcurrentRewardRun(f"a reward run committed while {result.run_id} was computing; "
                                   "nothing of it is read: run again") from None

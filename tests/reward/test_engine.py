@@ -218,6 +218,56 @@ def test_each_turn_is_written_once_and_runs_read_only_new_files(lake_root):
     assert con.sql("SELECT count(*) FROM rewards WHERE NOT settled").fetchall() == [(0,)]
 
 
+def expire_events_log(root) -> None:
+    """What Delta does to the events table's log 30 days on (`delta.logRetentionDuration`): at a
+    checkpoint it deletes the entries older than that, and versions before the checkpoint are gone."""
+    import os
+    import time
+
+    table = delta.open_table(root, delta.EVENTS)
+    table.create_checkpoint()
+    log = os.path.join(delta.store_of(root).table_uri(delta.EVENTS), "_delta_log")
+    for name in os.listdir(log):
+        os.utime(os.path.join(log, name), (time.time() - 31 * 86400,) * 2)
+    table.cleanup_metadata()
+    with pytest.raises(Exception, match="No files in log segment"):
+        delta.open_table(root, delta.EVENTS, version=table.version() - 1)
+
+
+def test_a_run_after_the_events_log_expired_reads_what_is_new_once(lake_root):
+    """A reward run reads the events files added since the last run. Found by the version read through,
+    that needs the version's log, which Delta drops after 30 days: rewards paused that long (the
+    learner down for a month while ingest went on) then failed every run, for every tenant. The runs
+    record the files they read instead."""
+    land(lake_root, [turn("a", 0, 0), fb("a", "accept")])
+    first = run_rewards(lake_root, now=now(3700))
+    land(lake_root, [turn("b", 1, 3000), fb("b", "accept", t=3100)])
+    land(lake_root, [turn("c", 2, 3200)])
+    expire_events_log(lake_root)
+    r = run_rewards(lake_root, now=LATE)
+    assert (first.new_files, r.new_files, r.new_signals, r.settled) == (1, 2, 3, 2)
+    assert {t: x["total"] for t, x in rows(lake_root).items()} == {"a": 0.75, "b": 0.75, "c": None}
+    assert not run_rewards(lake_root, now=LATE).committed  # and nothing is read twice
+
+
+def test_the_first_run_after_runs_that_recorded_no_files_reads_by_version_then_records_them_all(lake_root):
+    """Runs of the release before `events_files` (and migrated runs) hold only their version."""
+    land(lake_root, [turn("a", 0, 0), fb("a", "accept")])
+    run_rewards(lake_root, now=now(3700))
+    runs = delta.open_table(lake_root, "reward_runs")
+    runs.update({"events_files": "NULL"})  # as a run of the release before wrote it
+    assert reward_tables.reward_state(lake_root).events_read is None
+    land(lake_root, [turn("b", 1, 3000), fb("b", "accept", t=3100)])
+    r = run_rewards(lake_root, now=LATE)
+    assert (r.new_files, r.settled) == (1, 1)
+    assert reward_tables.reward_state(lake_root).events_read == set(
+        delta.relative(lake_root, delta.EVENTS, delta.files(lake_root, delta.EVENTS)[1]))
+    land(lake_root, [turn("c", 2, 3200)])
+    expire_events_log(lake_root)
+    assert run_rewards(lake_root, now=LATE).new_files == 1
+    assert set(rows(lake_root)) == {"a", "b", "c"}
+
+
 def test_a_run_killed_before_its_commit_point_leaves_nothing_read_and_the_next_run_redoes_it(lake_root, monkeypatch):
     """Its settled rows, correction and snapshots are in their tables; its row in the run log is not."""
     land(lake_root, [turn("t1"), fb("t1", "accept"), turn("t2", t=100), fb("t2", "thumbs", value=1, t=110),
