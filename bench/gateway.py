@@ -3,17 +3,19 @@
 Starts embedded Kafka, vLLM (tiny model, CPU fp32) and the gateway (its own process) on
 127.0.0.1. 20 concurrent clients, identical requests (chat, up to 16 tokens,
 logprobs and token ids: what the gateway asks vLLM for anyway), alternating phases
-direct / gateway / direct / gateway so drift hits both sides alike. The gateway side also
+direct / gateway, ROUNDS times, so drift hits both sides alike; the last line is the median of
+the rounds' ratios (one configuration's single ratio ranged 0.83-0.96 over six runs). The gateway side also
 records every turn to Kafka.
 
     .venv/bin/python bench/gateway.py
-Last line: gateway_vs_direct_ratio=<x>   (target >= 0.9)
+Last line: gateway_vs_direct_ratio=<median>   (target >= 0.95, #17)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import sys
 import time
 import urllib.request
@@ -23,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from swap import ADMIN, CLIENTS, KEYS, admin_call, client_loop, pct, serve_stack  # noqa: E402
 
-PHASE_S = 15.0   # seconds per phase
-ROUNDS = 2       # direct+gateway pairs
+PHASE_S = 10.0   # seconds per phase
+ROUNDS = 5       # direct+gateway pairs; the figure is the median of their ratios
 
 
 async def phase(url: str, key: str | None, model: str, extra: dict) -> tuple[float, list]:
@@ -61,12 +63,13 @@ def main() -> None:
                 print(f"  round {r + 1} {side:7s}: {rate:6.1f} req/s ({len(results)} requests)", flush=True)
         req = urllib.request.Request(f"{stack['url']}/admin/stats", headers={"Authorization": f"Bearer {ADMIN}"})
         stats = json.loads(urllib.request.urlopen(req, timeout=10).read())
-    direct, gateway = sum(rates["direct"]) / ROUNDS, sum(rates["gateway"]) / ROUNDS
+    ratios = [g / d for d, g in zip(rates["direct"], rates["gateway"])]
     for side in ("direct", "gateway"):
         print(f"{side:7s}: {sum(rates[side]) / ROUNDS:6.1f} req/s, {16 * sum(rates[side]) / ROUNDS:6.0f} tokens/s, "
               f"p50 {pct(lat[side], .5) * 1000:.0f} ms, p99 {pct(lat[side], .99) * 1000:.0f} ms")
     print(f"failed requests: {failed}; gateway emitter: {stats['emitter']}")
-    print(f"gateway_vs_direct_ratio={gateway / direct:.3f}")
+    print("round ratios: " + ", ".join(f"{x:.3f}" for x in ratios))
+    print(f"gateway_vs_direct_ratio={statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":

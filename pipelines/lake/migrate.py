@@ -16,6 +16,7 @@ its last) are not made again, and old files still there are deleted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
@@ -99,6 +100,8 @@ def migrate(root: Path) -> MigrationReport:
         for dataset in (TRAINED_TURNS, REFERENCE):
             _migrate_learner(root, manifests, dataset, report)
         _migrate_rewards(root, lake.manifests(), report)  # after the ingest step rewrote their state
+        with contextlib.suppress(OSError):
+            lake.staging.rmdir()  # the old layout's staging folder, empty once recovered
     return report
 
 
@@ -152,9 +155,7 @@ def _migrate_rewards(root: Path, manifests: list[Manifest], report: MigrationRep
             "events_files": [None] * len(runs)}, schema=RUN_SCHEMA)  # only their events_version is known
         delta.append(root, REWARD_RUNS, rows, marks={MIGRATED: 1, COMMIT_POINT: latest.seq}, migrating=True)
         report.rows[REWARD_RUNS] = len(runs)
-    for files in every.values():
-        for path, _ in files:
-            os.remove(path)
+    _remove(root, [path for files in every.values() for path, _ in files])
 
 
 def _migrate_learner(root: Path, manifests: list[Manifest], dataset: str, report: MigrationReport) -> None:
@@ -166,8 +167,7 @@ def _migrate_learner(root: Path, manifests: list[Manifest], dataset: str, report
     table = delta.open_table(root, dataset)
     if table is None or table.transaction_version(MIGRATED) is None:
         delta.append(root, dataset, _reader(root, dataset, files, report.rows), marks={MIGRATED: 1}, migrating=True)
-    for path in files:
-        os.remove(path)
+    _remove(root, files)
 
 
 def _migrate_ingest(root: Path, lake: Lake, manifests: list[Manifest], report: MigrationReport) -> None:
@@ -204,6 +204,18 @@ def _migrate_ingest(root: Path, lake: Lake, manifests: list[Manifest], report: M
         report.reward_state = f"the reward runs have read events version {READ_VERSION}"
     else:
         report.reward_state = "reward state unchanged"
-    for dataset in (QUARANTINE, EVENTS):
-        for path in old_files(root, ingest, dataset):
-            os.remove(path)
+    _remove(root, [path for dataset in (QUARANTINE, EVENTS) for path in old_files(root, ingest, dataset)])
+
+
+def _remove(root: Path, paths: list[Path]) -> None:
+    """Delete migrated files, then the folders of the old layout they leave empty (a reward run's
+    snapshot folder, a partition no Delta file went to), up to the lake folder."""
+    for path in paths:
+        os.remove(path)
+    for folder in sorted({p.parent for p in paths}, key=lambda f: -len(f.parts)):
+        while folder != root and root in folder.parents:
+            try:
+                folder.rmdir()  # only an empty one: a partition Delta writes to keeps its files
+            except OSError:
+                break
+            folder = folder.parent

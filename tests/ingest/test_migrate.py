@@ -178,6 +178,7 @@ def test_an_old_lake_is_refused_until_migrated_then_reads_the_same_and_resumes_a
     assert reward_rows(root) == MIGRATED_REWARDS
     for dataset in (REWARDS, CORRECTIONS, PROVISIONAL, PENDING):
         assert not [p for p in (root / dataset).rglob("part-0000000000*.parquet")], f"an old {dataset} file left"
+    assert not [d for d in root.rglob("*") if d.is_dir() and not any(d.iterdir())], "an empty old folder left"
     # the reward run had read the first ingest run only: it goes on with the third's events
     state = reward_state(root)
     assert (state.events_version, state.run_id) == (1, "old-reward")
