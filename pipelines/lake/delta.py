@@ -232,11 +232,11 @@ def version(root: Where, dataset: str) -> int:
 
 
 def files(root: Where, dataset: str, after: int | None = None,
-          where: list[tuple] | None = None, at: int | None = None) -> tuple[int, list[str]]:
-    """(the current version, or ``at``, the data files of the table at it), or with ``after`` only the
-    files added since version ``after`` (the lake only appends: no compaction rewrites a file); ``where``:
+          where: list[tuple] | None = None) -> tuple[int, list[str]]:
+    """(the current version, the data files of the table at it), or with ``after`` only the files
+    added since version ``after`` (the lake only appends: no compaction rewrites a file); ``where``:
     only those of the partitions it selects (delta-rs tuple filters, ``[("tenant", "=", t)]``)."""
-    table = open_table(root, dataset, version=at)
+    table = open_table(root, dataset)
     if table is None:
         check_layout(root, dataset)
         return -1, []
@@ -261,11 +261,11 @@ def files_since(root: Where, dataset: str, read: set[str] | None, after: int) ->
     through is known (``after``, -1 for none), which needs that version's log entries, and Delta
     keeps them for ``delta.logRetentionDuration`` (30 days by default), then drops them at a
     checkpoint: a reader that records ``read`` from then on never needs them again."""
-    if read is None:
-        version, new = files(root, dataset, after=after)
-        return version, new, relative(root, dataset, files(root, dataset, at=version)[1]) if version >= 0 else []
     version, uris = files(root, dataset)
     paths = relative(root, dataset, uris)
+    if read is None:  # by version: the files of the table at ``after`` are the ones read
+        read = set(relative(root, dataset, open_table(root, dataset, version=min(after, version)).file_uris())) \
+            if after >= 0 and version >= 0 else set()
     return version, [u for u, p in zip(uris, paths) if p not in read], paths
 
 
