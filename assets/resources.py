@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from pipelines.deploy.operations import ActionResult
     from pipelines.deploy.reconcile import ReconcileReport
+    from pipelines.ingest.offsets import LakeLag
     from pipelines.ingest.run import IngestResult
 
 BOOTSTRAP_TIMEOUT_MS = 10_000  # an unreachable broker fails the observation after this long
@@ -74,6 +75,12 @@ class KafkaResource(ServiceResource):
 
         Raises `dg.Failure` naming the bootstrap servers when Kafka cannot be reached."""
         return topic_offsets(self.settings())
+
+    def lag(self) -> "LakeLag":
+        """How far the lake trails the topic, from the lake's watermarks (pipelines/ingest/offsets.py)."""
+        from pipelines.ingest.offsets import lake_lag
+
+        return lake_lag(self.settings())
 
     def ingest(self, max_events: int | None = None) -> "IngestResult":
         """One bounded batch from the topic into the lake, exactly once (pipelines/ingest/run.py)."""
@@ -173,7 +180,8 @@ def service_resources(tracerl: TracerlResource | Any) -> dict[str, ServiceResour
 
 
 def topic_offsets(cfg: TracerlConfig) -> dict[str, Any]:
-    """End offsets of the events topic per partition, and the ingest group's committed offsets.
+    """End offsets of the events topic per partition, and the offsets ingest committed to its group
+    (for Kafka's own lag tools; the lake's lag is `KafkaResource.lag`).
 
     Raises `dg.Failure` naming the bootstrap servers when Kafka cannot be reached."""
     from kafka import KafkaConsumer, TopicPartition
@@ -199,7 +207,6 @@ def topic_offsets(cfg: TracerlConfig) -> dict[str, Any]:
                              metadata={"bootstrap_servers": servers, "topic": topic})
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         end = consumer.end_offsets(tps)
-        begin = consumer.beginning_offsets(tps)
         committed = {tp: consumer.committed(tp) for tp in tps}
     except KafkaError as e:
         raise dg.Failure(description=f"Kafka at {servers} is unreachable (topic {topic!r}): "
@@ -208,15 +215,9 @@ def topic_offsets(cfg: TracerlConfig) -> dict[str, Any]:
     finally:
         if consumer is not None:
             consumer.close(autocommit=False)
-    # Lag = end offset - the group's position (its commit, or the log start before any commit).
-    # Clamped at 0: the embedded Tansu broker reports its last batch's base offset + 1 as the
-    # high watermark, so there the end offset can trail what the group already consumed.
-    lag = {tp.partition: max(0, end[tp] - (committed[tp] if committed[tp] is not None else begin[tp]))
-           for tp in tps}
     return {
         "bootstrap_servers": servers, "topic": topic, "group_id": cfg.kafka.group_id,
         "end_offsets": {str(tp.partition): end[tp] for tp in tps},
         "committed_offsets": {str(tp.partition): committed[tp] for tp in tps},
         "end_offset_total": sum(end.values()),
-        "consumer_lag": lag, "consumer_lag_total": sum(lag.values()),
     }

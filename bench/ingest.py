@@ -35,14 +35,18 @@ MIN_EVENTS = 200_000
 ROUNDS = 3
 
 
-def raw_consume(cfg: TracerlConfig, n: int, group: str = "bench-raw") -> float:
+def raw_consume(cfg: TracerlConfig, n: int) -> float:
     """Events/s of a consume loop that does nothing but json.loads."""
-    from kafka import KafkaConsumer
+    from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(cfg.kafka.topic, **client_options(cfg), group_id=group, enable_auto_commit=False,
-                      auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=2000,
+    # assigned, as ingest is (pipelines/ingest/offsets.py): no group join on either side
+    c = KafkaConsumer(**client_options(cfg), group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest",
                       max_poll_records=cfg.ingest.max_poll_records, max_partition_fetch_bytes=8 << 20,
                       fetch_max_bytes=64 << 20)
+    tps = [TopicPartition(cfg.kafka.topic, p) for p in sorted(c.partitions_for_topic(cfg.kafka.topic))]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
     seen, first = 0, None
     while seen < n:
         for msgs in c.poll(timeout_ms=200).values():
@@ -75,7 +79,7 @@ def main() -> None:
 
         ratios = []
         for i in range(ROUNDS):
-            raw_eps = raw_consume(cfg, n, group=f"bench-raw-{i}")
+            raw_eps = raw_consume(cfg, n)
             print(f"round {i + 1} (a) bare kafka-python consume + json.loads: {raw_eps:,.0f} events/s")
             cfg.lake_root = home / f"lake-{i}"
             r = run_ingest(cfg, max_events=n, group_id=f"bench-ingest-{i}")

@@ -39,7 +39,21 @@ def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     if cfg.tables.uri:
         print(f"{'tables:':9} {cfg.tables.uri} (events, quarantine, trained_turns)")
     print(f"{'store:':9} {cfg.tracking_uri}")
-    return 0
+    return _print_lag(cfg)
+
+
+def _print_lag(cfg: TracerlConfig) -> int:
+    """The lake's lag behind Kafka (pipelines/ingest/offsets.py); 1 when past its alarm bound."""
+    from pipelines.ingest.offsets import IngestError, lake_lag
+
+    try:
+        lag = lake_lag(cfg).summary(cfg)
+    except IngestError as e:
+        print(f"{'lag:':9} unknown ({e})")
+        return 0
+    state = "ok" if lag["ok"] else f"RED: {lag['alarm']}"
+    print(f"{'lag:':9} {lag['behind']} events in Kafka not in the lake, oldest {lag['oldest_age_s']:.0f} s ({state})")
+    return 0 if lag["ok"] else 1
 
 
 def cmd_serve(cfg: TracerlConfig, args: argparse.Namespace) -> int:
@@ -504,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ingest", help="land one bounded batch from Kafka into the lake, exactly once")
     s.add_argument("--max-events", type=int, help="events this run (default: ingest.max_events)")
-    s.add_argument("--group", help="consumer group (default: kafka.group_id)")
+    s.add_argument("--group", help="the consumer group the landed offsets are committed to, for lag tools "
+                   "(default: kafka.group_id); ingest never joins it")
     s.add_argument("--topic", help="topic (default: kafka.topic)")
     s.set_defaults(fn=cmd_ingest)
 

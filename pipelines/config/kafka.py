@@ -26,8 +26,6 @@ class KafkaConfig:
     replication_factor: int = 1          # likewise; use 3 on a real cluster
     group_id: str = "tracerl-ingest"
     embedded_port: int = 19092           # first port tried for the embedded broker
-    session_timeout_ms: int = 6000       # group joins wait ~half of this on Tansu
-    heartbeat_interval_ms: int = 2000
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_plain_username: str | None = None

@@ -2,11 +2,13 @@
 
 Order of operations, and why it is exactly-once:
 
-1. consume a bounded batch with the consumer group, auto-commit off;
-2. drop records at or below the lake's own watermark for their partition (the
-   events table's application transaction, `pipelines/lake/delta.py`: landed by
-   an earlier run, even one that crashed before committing to Kafka, or by a
-   concurrent consumer);
+1. assign this worker's partitions (all of the topic's, or `ingest.partitions`)
+   and read each from the lake's own watermark + 1 (the events table's
+   application transaction, `pipelines/lake/delta.py`; `offsets.py`): no
+   consumer-group join, whose coordination can stall on a broker (issue #40);
+2. drop records at or below the watermark as it is when landing (landed by a
+   concurrent ingest meanwhile: several ingests at once are safe, the loser of
+   a commit decides again from the lake and lands only what is still new);
 3. validate each record (decoded in a worker process while polling goes on,
    see `decode.py`); failures go to `quarantine` with their raw bytes;
    valid events are de-duplicated by (tenant, `event_id`) (within the batch and
@@ -18,7 +20,11 @@ Order of operations, and why it is exactly-once:
    the last offset of every partition read (the events commit is the point of
    no return; a crash between them re-lands only the events, as the quarantine
    table's own transactions say which offsets it holds);
-5. only then commit offsets to Kafka. A crash anywhere re-runs cleanly.
+5. only then commit offsets to the Kafka group, for lag tools only (nothing
+   reads them back). A crash anywhere re-runs cleanly.
+
+A run that reads nothing while Kafka holds events past the watermarks fails and
+names the cause: ingest never reports a quiet zero over a backlog.
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ from pipelines.ingest.decode import Chunk, Decoder, with_payload
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS, QUARANTINE
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
+from pipelines.ingest.offsets import (IngestError, data_consumer, partitions_of, read_log_end,
+                                      resume_offsets, topic_id_of)
 from pipelines.services.kafka import client_options
 
 
-class IngestError(RuntimeError):
-    pass
+class LandConflict(IngestError):
+    """Another ingest committed some of these offsets first; deciding again from the lake is safe."""
 
 
 @dataclass
@@ -69,74 +77,53 @@ class IngestResult:
         return self.quarantined / valid_or_bad if valid_or_bad else 0.0
 
 
-def open_consumer(cfg: TracerlConfig, group_id: str | None = None, topic: str | None = None):
-    from kafka import ConsumerRebalanceListener, KafkaConsumer
+def open_consumer(cfg: TracerlConfig, topic: str) -> tuple[Any, dict[str, str], dict[int, int]]:
+    """A consumer assigned this worker's partitions, each at the lake's watermark + 1 (`offsets.py`):
+    (the consumer, {topic: its id}, {partition: the offset it reads next})."""
+    from kafka import TopicPartition
+    from kafka.errors import KafkaError
 
-    topic = topic or cfg.kafka.topic
-    consumer = KafkaConsumer(
-        **client_options(cfg),
-        group_id=group_id or cfg.kafka.group_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        session_timeout_ms=cfg.kafka.session_timeout_ms,
-        heartbeat_interval_ms=cfg.kafka.heartbeat_interval_ms,
-        max_poll_records=cfg.ingest.max_poll_records,
-        max_partition_fetch_bytes=8 << 20,
-        fetch_max_bytes=64 << 20,
-    )
-    if topic not in consumer.topics():
+    ic = cfg.ingest
+    consumer = data_consumer(cfg, max_poll_records=ic.max_poll_records,
+                             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    try:
+        if topic not in consumer.topics():
+            raise IngestError(f"topic {topic!r} does not exist on {client_options(cfg)['bootstrap_servers']}")
+        topic_ids = topic_id_of(consumer, topic)
+        resume = resume_offsets(consumer, cfg, topic, topic_ids, partitions_of(consumer, cfg, topic))
+        consumer.assign([TopicPartition(topic, p) for p in resume])
+        for p, (_, at) in resume.items():
+            consumer.seek(TopicPartition(topic, p), at)
+    except KafkaError as e:
         consumer.close()
-        raise IngestError(f"topic {topic!r} does not exist on {client_options(cfg)['bootstrap_servers']}")
-    topic_ids = topic_id_of(consumer, topic)
-
-    class SeekPastLake(ConsumerRebalanceListener):
-        """The lake's watermark wins over Kafka's committed offset: it is what truly landed."""
-
-        def on_partitions_revoked(self, revoked: Any) -> None:
-            pass
-
-        def on_partitions_assigned(self, assigned: Any) -> None:
-            coords = {(tp.topic, topic_ids.get(tp.topic, ""), tp.partition): tp for tp in assigned}
-            for c, high in delta.landed(cfg.table_store, coords).items():
-                consumer.seek(coords[c], high + 1)
-
-    if cfg.ingest.partitions:  # a worker of its own partition set: no group balancing
-        from kafka import TopicPartition
-
-        known = consumer.partitions_for_topic(topic) or set()
-        if not set(cfg.ingest.partitions) <= known:
-            consumer.close()
-            raise IngestError(f"ingest.partitions {sorted(set(cfg.ingest.partitions) - known)} are not partitions "
-                              f"of {topic!r} (it has {sorted(known)})")
-        assigned = [TopicPartition(topic, p) for p in cfg.ingest.partitions]
-        consumer.assign(assigned)
-        SeekPastLake().on_partitions_assigned(assigned)
-    else:
-        consumer.subscribe([topic], listener=SeekPastLake())
-    return consumer
-
-
-def topic_id_of(consumer: Any, topic: str) -> dict[str, str]:
-    """{topic: its Kafka topic id} (KIP-516, Kafka 2.8+), or {} where the broker has none.
-
-    The lake keys its watermarks by this id, so a topic deleted and created again (offsets
-    starting over, e.g. a restarted in-memory broker) is read from its start, not skipped."""
-    tid = consumer._client.cluster.topic_id(topic)  # kafka-python keeps it from the metadata response
-    return {topic: str(tid)} if tid else {}
+        raise IngestError(f"Kafka at {client_options(cfg)['bootstrap_servers']} is unreachable: "
+                          f"{type(e).__name__}: {e}") from None
+    except BaseException:
+        consumer.close()
+        raise
+    return consumer, topic_ids, {p: at for p, (_, at) in resume.items()}
 
 
 def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
                decoder: Decoder | None = None) -> tuple[list, float | None]:
     """Poll until `max_events`, `idle_seconds` without data, or the run's time budget.
 
-    Returns the records and when the first one arrived (group join ends there)."""
+    Returns the records and when the first one arrived."""
+    from kafka.errors import OffsetOutOfRangeError
+
     ic = cfg.ingest
     records: list = []
     start = time.monotonic()
     idle_since: float | None = None
     first: float | None = None
     while len(records) < max_events and time.monotonic() - start < ic.max_run_seconds:
-        batch = consumer.poll(timeout_ms=200, max_records=min(ic.max_poll_records, max_events - len(records)))
+        try:
+            batch = consumer.poll(timeout_ms=200, max_records=min(ic.max_poll_records, max_events - len(records)))
+        except OffsetOutOfRangeError as e:
+            raise IngestError(f"the lake's watermark is past the end of Kafka's log for {e.args}: the topic was "
+                              "deleted and created again under the same id (or truncated); events there are "
+                              "not landed. Recreate the topic (a new topic id starts a new watermark) or "
+                              "point ingest at a new lake") from None
         got = 0
         for msgs in batch.values():
             records.extend(msgs)
@@ -149,7 +136,7 @@ def poll_batch(consumer: Any, cfg: TracerlConfig, max_events: int,
         if got:
             idle_since = None
             first = first or now
-        elif consumer.assignment() or now - start > ic.join_timeout_seconds:
+        else:
             idle_since = idle_since or now
             if now - idle_since >= ic.idle_seconds:
                 break
@@ -249,15 +236,17 @@ def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResul
         result.versions[EVENTS] = delta.append(root, EVENTS, _as_stored(rows, EVENTS_SCHEMA.names), last,
                                                base=bases[EVENTS])
     except delta.CommitConflict as err:
-        raise IngestError(f"another ingest worker landed offsets of {sorted(result.offsets)} while this run "
+        raise LandConflict(f"another ingest worker landed offsets of {sorted(result.offsets)} while this run "
                           f"decoded them; this run committed {sorted(result.versions) or 'nothing'} and "
-                          f"the next resumes after the lake's watermarks ({err})") from None
+                          f"decides again from the lake's watermarks ({err})") from None
     failpoint("ingest.after_commit")
 
 
-def commit_offsets(consumer: Any, offsets: dict[str, list[int]]) -> str:
-    from kafka import TopicPartition
-    from kafka.errors import CommitFailedError, KafkaError
+def commit_offsets(cfg: TracerlConfig, group_id: str, offsets: dict[str, list[int]]) -> str:
+    """Publish the landed offsets as the group's committed offsets, for Kafka's lag tools only:
+    ingest never reads them back, so a group the broker cannot coordinate costs a line, not progress."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
     from kafka.structs import OffsetAndMetadata
 
     if not offsets:
@@ -266,21 +255,32 @@ def commit_offsets(consumer: Any, offsets: dict[str, list[int]]) -> str:
     for tp, (_, last) in offsets.items():
         topic, part = tp.rsplit(":", 1)
         commit[TopicPartition(topic, int(part))] = OffsetAndMetadata(last + 1, "", -1)
+    consumer = None
     try:
-        consumer.commit(commit)
+        consumer = KafkaConsumer(**client_options(cfg), group_id=group_id, enable_auto_commit=False)
+        consumer.commit(commit, timeout_ms=COMMIT_TIMEOUT_MS)
         return "ok"
-    except (CommitFailedError, KafkaError) as e:
+    except KafkaError as e:
         # Safe: the lake's watermark already records these offsets as landed.
         return f"failed ({type(e).__name__}); the lake watermark covers it"
+    finally:
+        if consumer is not None:
+            consumer.close(autocommit=False)
+
+
+COMMIT_TIMEOUT_MS = 5000
+LAND_ATTEMPTS = 5  # a land that lost its commit to a concurrent ingest is decided again from the lake
 
 
 def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str | None = None,
                topic: str | None = None) -> IngestResult:
+    """One bounded batch landed exactly once. Raises IngestError when the run made no progress
+    while Kafka holds events the lake does not (the cause in its message): never a quiet zero."""
     started = time.monotonic()
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     result = IngestResult(run_id=run_id)
-    consumer = open_consumer(cfg, group_id, topic)
-    result.topic_ids = topic_id_of(consumer, topic or cfg.kafka.topic)
+    topic = topic or cfg.kafka.topic
+    consumer, result.topic_ids, resume = open_consumer(cfg, topic)
     # A batch holds ~1e5 records alive; the cyclic GC would rescan them all on every
     # collection (measured: 3x slower polling). Nothing here creates cycles.
     gc_was_enabled = gc.isenabled()
@@ -292,9 +292,19 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
         records, first = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events, decoder)
         polled = time.monotonic()
         result.consumed = len(records)
-        land(cfg.table_store, records, decoder, result)
+        if not records:
+            _check_idle(consumer, topic, resume, polled - started)
+        for attempt in range(LAND_ATTEMPTS):
+            result.landed = result.quarantined = result.duplicates = result.already_landed = 0
+            result.reasons, result.offsets = {}, {}
+            try:
+                land(cfg.table_store, records, decoder, result)
+                break
+            except LandConflict:
+                if attempt == LAND_ATTEMPTS - 1:
+                    raise
         landed = time.monotonic()
-        result.kafka_commit = commit_offsets(consumer, result.offsets)
+        result.kafka_commit = commit_offsets(cfg, group_id or cfg.kafka.group_id, result.offsets)
         first = first or polled
         result.timings = {"join": round(first - started, 3), "poll": round(polled - first, 3),
                           "land": round(landed - polled, 3), "commit": round(time.monotonic() - landed, 3)}
@@ -305,3 +315,28 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
         consumer.close(autocommit=False)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _check_idle(consumer: Any, topic: str, resume: dict[int, int], seconds: float) -> None:
+    """Nothing was read: fine if Kafka holds nothing past the lake's watermarks, else the cause."""
+    from kafka import TopicPartition
+    from kafka.errors import KafkaError
+
+    tps = {p: TopicPartition(topic, p) for p in resume}
+    try:
+        end = consumer.end_offsets(list(tps.values()))
+        log_end = {p: read_log_end(consumer, tp, end[tp]) for p, tp in tps.items()}
+    except KafkaError as e:
+        raise IngestError(f"consumed nothing in {seconds:.0f} s: Kafka stopped answering "
+                          f"({type(e).__name__}: {e})") from None
+    past = {p: (resume[p] - 1, log_end[p]) for p in tps if log_end[p] < resume[p]}
+    if past:
+        raise IngestError(f"the lake's watermarks are past the end of Kafka's log (partition: (watermark, log end) "
+                          f"{past}): the topic was deleted and created again under the same id, or truncated; "
+                          "its events would be skipped as landed, so none is. Recreate the topic (a new topic id "
+                          "starts new watermarks) or point ingest at a new lake")
+    waiting = {p: log_end[p] - resume[p] for p in tps if log_end[p] > resume[p]}
+    if waiting:
+        raise IngestError(f"consumed nothing in {seconds:.0f} s while Kafka holds {sum(waiting.values())} events "
+                          f"past the lake's watermarks (partition: events {waiting}): the broker returned no "
+                          "records for the assigned partitions (see its log); nothing was landed or skipped")
