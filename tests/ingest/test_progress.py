@@ -15,8 +15,7 @@ import duckdb
 import pytest
 
 from assets.definitions import defs
-from assets.ingest import lake_events
-from assets.resources import TracerlResource, service_resources
+from assets.targets import ensure_target, parse_target
 from pipelines.ingest.offsets import IngestError, lake_lag
 from pipelines.ingest.producer import TraceProducer, encode
 from pipelines.ingest.run import run_ingest
@@ -81,14 +80,13 @@ def test_a_group_the_broker_left_wedged_does_not_stop_ingest(cfg):
 
 
 def test_ingests_started_at_once_never_wedge_and_land_every_event_once(cfg, tmp_path, monkeypatch):
-    """Two `run_ingest` calls and two Dagster materializations of lake_events (as two targets'
-    closed_loop_job runs would) at the same instant, three rounds with new traffic between them;
+    """Two `run_ingest` calls and closed_loop_job runs for two targets (their ingest steps) at the
+    same instant, three rounds with new traffic between them;
     then one more ingest. Every event exactly once, every bad message quarantined once."""
     toml = tmp_path / "race.toml"  # the Dagster runs read the same topic and lake as `cfg`
     toml.write_text(f'home = "{cfg.home}"\nlake_root = "{cfg.lake}"\n'
                     f'[kafka]\nbootstrap_servers = "{cfg.kafka.bootstrap_servers}"\ntopic = "{cfg.kafka.topic}"\n'
                     f'group_id = "{cfg.kafka.group_id}"\n[ingest]\nidle_seconds = 1.0\nmax_event_bytes = 65536\n')
-    resources = service_resources(TracerlResource(config_path=str(toml)))
     ids: list[str] = []
     bad = 0
     errors: list[BaseException] = []
@@ -99,16 +97,25 @@ def test_ingests_started_at_once_never_wedge_and_land_every_event_once(cfg, tmp_
         except BaseException as e:  # noqa: BLE001 - collected, asserted below
             errors.append(e)
 
-    def materialize():
+    def loop_run(target: str):
+        """closed_loop_job's ingest steps for one target, as the sensor starts it."""
         try:
-            assert dg.materialize([lake_events], resources=resources).success
+            tenant, task = parse_target(target)
+            with dg.DagsterInstance.ephemeral() as instance:  # each its own: the runs share the lake only
+                result = defs.resolve_job_def("closed_loop_job").execute_in_process(
+                    instance=instance, partition_key=ensure_target(instance, tenant, task),
+                    asset_selection=[dg.AssetKey("raw_events"), dg.AssetKey("lake_events")],
+                    run_config={"resources": {"tracerl": {"config": {"config_path": str(toml)}}}})
+                assert result.success
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
     for round_ in range(3):
         ids += _produce(cfg, 40, seed=10 + round_, bad=3)
         bad += 3
-        threads = [threading.Thread(target=f) for f in (ingest, ingest, materialize, materialize)]
+        threads = [threading.Thread(target=ingest), threading.Thread(target=ingest),
+                   threading.Thread(target=loop_run, args=("acme/concise",)),
+                   threading.Thread(target=loop_run, args=("globex/support",))]
         for t in threads:
             t.start()
         for t in threads:
