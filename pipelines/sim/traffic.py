@@ -7,7 +7,10 @@ gateway (the OpenAI-compatible endpoint customer apps use) and goes on for a few
 preference (a family of families.py; by default the task's, else concise): with probability
 `explicit_rate` a thumbs vote (flipped with probability `noise`), otherwise only what the
 user does (sessions.py): regenerate, a dissatisfied or satisfied follow-up, abandonment, or
-carrying on; the session ends completed or abandoned. Apps with tools run them: the concise
+carrying on; the session ends completed or abandoned. `profile` names the users
+(sessions.PROFILES): `sparse` (the default), `realistic` (issue #41: 5% votes, partial implicit
+signals, no follow_up sentiment and no task_success: the app sends what the Session says) or
+`dense`. Apps with tools run them: the concise
 app delivers the reply over an SMS tool that fails on a truncated or over-long message; the
 tools family's app runs the model's calls and reports their real outcome. The gateway records
 the served turns (token ids, behaviour logprobs, adapter version) and forwards the feedback,
@@ -42,9 +45,11 @@ class TrafficConfig:
     split: str = "train"           # "heldout" prompts are the private eval's: never sent as traffic
     seed: int = 0
     turns_per_session: tuple[int, int] = (1, 3)  # inclusive (min, max) turns per session, drawn per user
-    explicit_rate: float = 0.2     # share of turns with a thumbs vote; the others carry implicit signals only
+    explicit_rate: float | None = None  # share of turns with a thumbs vote; None: the profile's (sparse 0.2,
+                                   # realistic 0.05, dense 1.0); the others carry implicit signals only
     noise: float = 0.0             # probability a vote is flipped
     app: str = "sim"               # the app name the events carry
+    profile: str = "sparse"        # the users (sessions.PROFILES): sparse (UserModel()), realistic, dense
 
     def __post_init__(self) -> None:
         self.turns_per_session = tuple(self.turns_per_session)  # type: ignore[assignment]  # JSON/TOML lists
@@ -53,8 +58,15 @@ class TrafficConfig:
             raise ValueError(f"split={self.split!r}; use 'train' (or 'heldout' for a deliberate leak test)")
 
     def user_model(self) -> UserModel:
-        return UserModel(turns_per_session=self.turns_per_session, explicit_rate=self.explicit_rate,
-                         noise=self.noise)
+        """The users of `profile`, with this config's turns_per_session, noise and explicit_rate (when
+        set) in place of the profile's. `dense` keeps its own (1, 1) turns unless turns_per_session
+        is changed from the default."""
+        over: dict[str, Any] = {"noise": self.noise}
+        if self.explicit_rate is not None:
+            over["explicit_rate"] = self.explicit_rate
+        if self.profile != "dense" or self.turns_per_session != (1, 3):
+            over["turns_per_session"] = self.turns_per_session
+        return UserModel.profile(self.profile, **over)
 
 
 @dataclass
