@@ -19,7 +19,8 @@ Order of operations, and why it is exactly-once:
 4. append the quarantine rows, then the events, each a Delta commit carrying
    the last offset of every partition read (the events commit is the point of
    no return; a crash between them re-lands only the events, as the quarantine
-   table's own transactions say which offsets it holds);
+   table's own transactions say which offsets it holds, and they never move
+   back: `_never_back`);
 5. only then commit offsets to the Kafka group, for lag tools only (nothing
    reads them back). A crash anywhere re-runs cleanly.
 
@@ -171,6 +172,18 @@ def _as_stored(rows: pa.Table, names: list[str]) -> pa.Table:
     return rows.select(names + ["day"]).rename_columns(names + ["date"])
 
 
+def _never_back(last: dict[delta.Coord, int], marks: dict[delta.Coord, int]) -> dict[delta.Coord, int]:
+    """The quarantine commit's watermarks: this batch's last offsets, but never below the quarantine's own.
+
+    A run killed between its quarantine and events commits leaves the quarantine's watermarks ahead
+    of the events'. The next run starts at the events' and may read less of a partition than the
+    killed one did (a smaller batch, another order) while quarantining in another; a Delta
+    application transaction is simply overwritten, so committing its shorter last offset would move
+    that partition's quarantine watermark back, and the run after would quarantine the messages
+    between again (issue #40: 77 quarantine rows for 60 bad messages after random kill -9s)."""
+    return {c: max(v, marks.get(c, -1)) for c, v in last.items()}
+
+
 def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResult) -> None:
     """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
     def coord(topic: str, partition: int) -> delta.Coord:
@@ -231,7 +244,7 @@ def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResul
     try:
         if quarantine.num_rows:  # first: the events commit is what marks these offsets landed
             result.versions[QUARANTINE] = delta.append(root, QUARANTINE, _as_stored(quarantine, QUARANTINE_SCHEMA.names),
-                                                       last, base=bases[QUARANTINE])
+                                                       _never_back(last, in_quarantine), base=bases[QUARANTINE])
             failpoint("ingest.after_quarantine")
         result.versions[EVENTS] = delta.append(root, EVENTS, _as_stored(rows, EVENTS_SCHEMA.names), last,
                                                base=bases[EVENTS])
