@@ -35,6 +35,7 @@ class GatewayConfig:
     health_failures: int = 2            # failed probes in a row that take an upstream out
     sweep_interval_s: float | None = 30.0  # unload the tracerl names no gateway routes, holds or has
                                         #   requests on (a drain that timed out, two at once); None: off
+    lag_interval_s: float = 30.0        # how often the lake's lag behind Kafka is measured for /health
 
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:

@@ -10,7 +10,8 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   store's ``v3``) and ``X-Tracerl-Trace-Id`` / ``X-Tracerl-Turn-Id`` headers; streaming (SSE)
   puts ``tracerl`` in the first chunk. A
   ``ModelTurn`` with tokens, behaviour logprobs, sampling and latency goes to the emitter
-  (never awaited); ``tracerl.train`` in the response echoes the flag the turn was recorded
+  (awaited only while Kafka is down: then it is on disk before the answer, or before a stream's
+  ``[DONE]``; see ``emitter.py``); ``tracerl.train`` in the response echoes the flag the turn was recorded
   with. Optional request field ``tracerl: {trace_id, turn_index, app, train}``
   continues a trace; ``train: false`` (or the header ``X-Tracerl-Train: false``) records the
   turn with ``train: false``: it lands and gets rewards, the learner never trains on it
@@ -100,6 +101,7 @@ from pipelines.contract.validate import ValidationError
 from pipelines.deploy import operations, schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
 from pipelines.deploy.emitter import Emitter
+from pipelines.ingest.offsets import LagWatch
 from pipelines.deploy.errors import ApiError, error_response, errors_as_json
 from pipelines.config.gateway import GatewayConfig
 from pipelines.deploy.json_body import parse_json
@@ -165,9 +167,10 @@ class Gateway:
         self._openapi = schemas.openapi()
         self.max_event_bytes = emitter.cfg.ingest.max_event_bytes
         self.session: ClientSession | None = None
+        self.lake_lag: LagWatch | None = None
         self.counts = {"requests": 0, "upstream_errors": 0, "upstream_retries": 0, "client_disconnects": 0,
                        "reconciles": 0, "reconcile_swaps": 0, "reconcile_errors": 0, "swept": 0, "sweep_errors": 0,
-                       "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0}
+                       "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0, "record_errors": 0}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.gcfg.max_body_bytes, middlewares=[errors_as_json])
@@ -197,6 +200,8 @@ class Gateway:
         self.session = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
                                      timeout=ClientTimeout(total=self.gcfg.request_timeout_s))
         self._tasks.append(asyncio.create_task(self._probe_loop()))
+        # the lake's lag behind Kafka, for /health's body (measured off the request path)
+        self.lake_lag = LagWatch(self.cfg, self.gcfg.lag_interval_s)
         if self.gcfg.reconcile_interval_s:
             self._tasks.append(asyncio.create_task(self._reconcile_loop()))
         if self.gcfg.sweep_interval_s:
@@ -205,6 +210,8 @@ class Gateway:
     async def _close(self, _app: web.Application) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.lake_lag is not None:
+            self.lake_lag.close()
         if self.session is not None:
             await self.session.close()
 
@@ -394,7 +401,7 @@ class Gateway:
         self.counts["requests"] += 1
         try:
             app = ext.app or self.gcfg.app
-            self._record_tool_results(tenant, trace_id if given_trace else None, lease.task, app, req)
+            await self._record_tool_results(tenant, trace_id if given_trace else None, lease.task, app, req)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
                     "adapter_version": int(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
                     "app": app, "train": train}
@@ -410,7 +417,8 @@ class Gateway:
         finally:
             self.router.release(lease)
 
-    def _record_tool_results(self, tenant: str, trace_id: str | None, task: str, app: str, req: ChatRequest) -> None:
+    async def _record_tool_results(self, tenant: str, trace_id: str | None, task: str, app: str,
+                                   req: ChatRequest) -> None:
         """The ``tool`` messages answering this trace's calls, as the calling turns' tool_call events
         (before the model is asked, so a failed upstream call loses none). Without the trace id
         (a new trace) no call can be proved ours."""
@@ -422,9 +430,23 @@ class Gateway:
                            outcome=r.outcome, error=r.error).to_dict() for r in found]
         for event in events:  # all checked before any is sent: a refused request records nothing
             self._check_event(event)
-        for event in events:
-            self.emitter.emit(event)
+        await self._record(*events)
         self.counts["tool_results"] += len(events)
+
+    async def _record(self, *events: dict[str, Any]) -> None:
+        """Hand events to the emitter. Kafka up, that is all: it delivers them in the background.
+        Kafka down (or not known up), it writes them to disk first (group commit, one fsync for
+        every request waiting) and this waits for that, so no answer goes out over an event that
+        only memory holds: a kill -9 of the gateway loses none of them (issue #40)."""
+        waits = [asyncio.wrap_future(f) for f in map(self.emitter.emit, events) if f is not None]
+        if not waits:
+            return
+        try:
+            await asyncio.gather(*waits)
+        except Exception as err:  # noqa: BLE001 - the spill write failed (disk full, ...)
+            self.counts["record_errors"] += 1
+            raise ApiError(503, f"the event could not be recorded (Kafka is down and the spill failed: {err})",
+                           kind="unavailable_error") from None
 
     def _failed(self, lease) -> None:
         """vLLM answered this request with an error, or not at all (counted per route for swaps)."""
@@ -478,10 +500,10 @@ class Gateway:
         latency_ms = (time.perf_counter() - t0) * 1000
         choice = data["choices"][0]
         lps = [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
-        self._emit(lease, turn, req, text=choice["message"].get("content") or "",
-                   token_ids=list(choice.get("token_ids") or []), logprobs=lps,
-                   prompt_ids=data.get("prompt_token_ids"), finish=choice.get("finish_reason"),
-                   latency_ms=latency_ms)
+        await self._emit(lease, turn, req, text=choice["message"].get("content") or "",
+                         token_ids=list(choice.get("token_ids") or []), logprobs=lps,
+                         prompt_ids=data.get("prompt_token_ids"), finish=choice.get("finish_reason"),
+                         latency_ms=latency_ms)
         data["model"] = req.model
         said = req.prefix() + (choice["message"].get("content") or "")  # the model's whole reply
         reply = tool_reply(said, turn["turn_id"]) if req.tools_active() else None
@@ -575,6 +597,12 @@ class Gateway:
                 for chunk in self._held_chunks(template or {}, req.prefix() + "".join(text), finish, lp_entries, ids,
                                                prompt_ids, turn, req, want):
                     await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            try:  # recorded before [DONE]: with Kafka down, on disk before the answer is complete
+                await self._emit(lease, turn, req, text="".join(text), token_ids=ids, logprobs=lps,
+                                 prompt_ids=prompt_ids, finish=finish, latency_ms=(time.perf_counter() - t0) * 1000)
+            except ApiError:  # not recorded: no [DONE], the client sees a broken stream, not an answer
+                resp.force_close()
+                return resp
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
@@ -585,8 +613,6 @@ class Gateway:
             raise
         finally:
             await ctx.__aexit__(None, None, None)
-        self._emit(lease, turn, req, text="".join(text), token_ids=ids, logprobs=lps, prompt_ids=prompt_ids,
-                   finish=finish, latency_ms=(time.perf_counter() - t0) * 1000)
         return resp
 
     @staticmethod
@@ -625,14 +651,14 @@ class Gateway:
                          sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2),
                          train=turn["train"], arm=lease.arm).to_dict()
 
-    def _emit(self, lease, turn, req, **outputs) -> None:
-        """Record the served turn. Prompt ids are optional in the contract (the learner can
-        re-tokenize): they are the first thing left out of an event that would be oversize."""
+    async def _emit(self, lease, turn, req, **outputs) -> None:
+        """Record the served turn (``_record``). Prompt ids are optional in the contract (the learner
+        can re-tokenize): they are the first thing left out of an event that would be oversize."""
         event = self._turn_event(lease, turn, req, **outputs)
         if event.get("prompt_token_ids") and len(wire_json(event)) > self.max_event_bytes:
             event.pop("prompt_token_ids")
             self.counts["prompt_ids_dropped"] += 1
-        self.emitter.emit(event)
+        await self._record(event)
 
     # -- feedback, models, health -------------------------------------------------------------
 
@@ -657,18 +683,21 @@ class Gateway:
         fields.setdefault("app", self.gcfg.app)
         event = EVENT_TYPES[kind](tenant=tenant, **fields).to_dict()
         self._check_event(event)
-        self.emitter.emit(event)
+        await self._record(event)
         return web.json_response({"event_id": event["event_id"], "trace_id": event["trace_id"]}, status=202)
 
     async def health(self, _request: web.Request) -> web.Response:
         """503 once the emitter is dead (turns would be served but not recorded) or no vLLM replica
         serves (a load balancer in front of several gateways then sends requests to the others).
-        Replica addresses are in /admin/stats only."""
+        Replica addresses are in /admin/stats only. ``lake`` is the lake's lag behind Kafka
+        (``ok`` false past ingest.lag_alarm_*): reported, never a 503, since serving is fine and a
+        load balancer must not take every gateway out because ingest fell behind."""
         emitter = self.emitter.health()
         serving = len(self.upstreams.serving())
         ok = emitter.get("state") != "dead" and serving > 0
         return web.json_response({"ok": ok, "emitter": emitter,
-                                  "replicas": {"serving": serving, "of": len(self.upstreams.urls)}},
+                                  "replicas": {"serving": serving, "of": len(self.upstreams.urls)},
+                                  "lake": self.lake_lag.latest() if self.lake_lag is not None else None},
                                  status=200 if ok else 503)
 
     async def openapi(self, _request: web.Request) -> web.Response:

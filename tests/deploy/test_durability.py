@@ -1,9 +1,11 @@
 """No acknowledged event is lost on the embedded (in-memory) broker: events Kafka acknowledged
 and ingest had not read yet survive a broker kill -9 and a planned `tracerl down`/`up`, through
-the emitter's journal, and land in the lake exactly once."""
+the emitter's journal, and land in the lake exactly once. And (issue #40) what is emitted while
+Kafka is down is on disk before the emitter says it is done with it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -135,3 +137,55 @@ def test_a_torn_journal_line_is_moved_aside(cfg, tmp_path):
     finally:
         second.close()
     assert "journal: torn line" in (tmp_path / "spill" / "corrupt.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_kafka_lost_events_are_on_disk_before_emit_says_done_and_share_fsyncs(tmp_path):
+    """Issue #40: the broker dies. The emitter sees its connection close at once (not after a
+    delivery timeout); from then on every emit hands back a future that is done only once the
+    event is in an fsync'd spill segment, concurrent emits sharing fsyncs (group commit). The
+    broker back, the spill is replayed and emit queues for Kafka again (no future)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = free_port()
+    own = TracerlConfig(home=tmp_path / "kafka")
+    cfg = make_config(tmp_path, f"127.0.0.1:{port}")
+    own.kafka.topic = cfg.kafka.topic
+    start_broker(own, port=port)
+    em = Emitter(cfg, tmp_path / "spill", EmitterConfig(replay_interval_s=0.5, retry_backoff_s=0.5), **FAST)
+    try:
+        first = events(2, seed=60)
+        assert [em.emit(e) for e in first] == [None] * len(first)  # Kafka up: queued, nobody waits
+        assert wait_for(lambda: em.stats()["sent"] == len(first)), em.stats()
+        kill_broker(own)
+        t0 = time.monotonic()
+        assert wait_for(lambda: em.health()["kafka_down"], 5), em.health()
+        noticed = time.monotonic() - t0
+        assert noticed < em.conf.durable_after_s, f"noticed after {noticed:.2f}s: by a timeout, not the connection"
+
+        down = events(60, seed=61)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:  # eight request handlers at once
+            futures = list(pool.map(em.emit, down))
+            assert all(f is not None for f in futures)
+            for f in futures:
+                f.result(timeout=10)
+        waited = (time.monotonic() - t0) / len(down) * 1e6
+        on_disk = {json.loads(line)["event_id"] for path in (tmp_path / "spill").glob("spill-*.jsonl")
+                   for line in path.read_text().splitlines()}
+        assert on_disk >= {e["event_id"] for e in down}
+        s = em.stats()
+        print(f"\nconnection loss noticed in {noticed * 1000:.0f} ms; {len(down)} events to disk in "
+              f"{s['commits']} group commits, {waited:.0f} us/event")
+        assert s["commits"] < len(down) and s["outages"] == 1
+
+        start_broker(own, port=port)
+        assert wait_for(lambda: not em.health()["kafka_down"], 30), (em.stats(), em.health())
+        assert wait_for(lambda: em.stats()["replayed"] >= len(down) and em.stats()["spill_files"] == 0, 30), \
+            em.stats()
+        after = events(2, seed=62)
+        assert [em.emit(e) for e in after] == [None] * len(after)
+        assert wait_for(lambda: em.stats()["sent"] == len(first) + len(after)), em.stats()
+    finally:
+        em.close()
+        stop_broker(own)

@@ -246,6 +246,10 @@ def test_routes_methods_health_and_openapi_answer_json(boundary):
     status, health = call(f"{url}/health", None)
     assert status == 200 and health["ok"] is True and health["emitter"]["state"] != "dead"
     assert {"queued", "spill_files"} <= set(health["emitter"])
+    # the lake's lag behind Kafka, measured off the request path (reported, never a 503)
+    assert wait_for(lambda: call(f"{url}/health", None)[1]["lake"].get("ok") is not None, 30)
+    lake = call(f"{url}/health", None)[1]["lake"]
+    assert lake["ok"] is True and lake["behind"] >= 0 and lake["alarm"] is None, lake
     status, doc = call(f"{url}/openapi.json", None)
     assert status == 200 and doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/feedback", "/v1/models", "/v1/models/{model}",
