@@ -64,6 +64,15 @@ def _f64(v):
         return None
 
 
+def last_user_text(messages) -> str | None:
+    """The content of the last `user` message of a validated `input_messages` (None: none, or not text)."""
+    for m in reversed(messages):
+        if type(m) is dict and m.get("role") == "user":
+            c = m.get("content")
+            return c if type(c) is str else None
+    return None
+
+
 def hot_fields(e: dict) -> tuple:
     """The hot columns of one *validated* event, in `tables.HOT_COLUMNS` order.
 
@@ -78,18 +87,18 @@ def hot_fields(e: dict) -> tuple:
     if t == "model_turn":
         i, ms = e["turn_index"], g("latency_ms")
         return (None, None, None, None, None, None, None, None, i if _I32_MIN <= i <= _I32_MAX else None,
-                ms if type(ms) is float else _f64(ms), g("output_text"))
+                ms if type(ms) is float else _f64(ms), g("output_text"), last_user_text(g("input_messages") or ()))
     if t == "feedback":
         return (g("kind"), _f64(g("value")), _f64(g("scale_min")), _f64(g("scale_max")), g("sentiment"),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
     if t == "tool_call":
         a, ms = g("attempt"), g("latency_ms")
         if a is not None and not _I32_MIN <= a <= _I32_MAX:
             a = None
         return (g("outcome"), None, None, None, None, None, g("call_id"), a, None,
-                ms if type(ms) is float else _f64(ms), None)
+                ms if type(ms) is float else _f64(ms), None, None)
     if t == "session_end":
-        return (g("outcome"), None, None, None, None, g("task_success"), None, None, None, None, None)
+        return (g("outcome"), None, None, None, None, g("task_success"), None, None, None, None, None, None)
     return (None,) * len(HOT_COLUMNS)
 
 

@@ -91,6 +91,19 @@ def _runs(con: duckdb.DuckDBPyConnection, state: RewardState) -> str:
     return "_reward_runs"
 
 
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.float64(): "DOUBLE", pa.int64(): "BIGINT", pa.int32(): "INTEGER",
+              pa.bool_(): "BOOLEAN", pa.date32(): "DATE"}
+
+
+def _columns(con: duckdb.DuckDBPyConnection, src: str, schema: pa.Schema) -> str:
+    """``schema``'s columns of ``src``; a column its files lack (a release before the column came:
+    a new reward component, a new signal) reads NULL, so an old table or snapshot still binds."""
+    have = {r[0] for r in con.sql(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+    return ", ".join(f.name if f.name in have else
+                     f"NULL::{_SQL_TYPES.get(f.type, 'TIMESTAMPTZ' if pa.types.is_timestamp(f.type) else 'VARCHAR')}"
+                     f" AS {f.name}" for f in schema)
+
+
 def _committed(con: duckdb.DuckDBPyConnection, where: delta.Where, state: RewardState, dataset: str,
                schema: pa.Schema) -> str:
     """SQL relation of ``dataset``'s rows of committed runs, ``schema``'s columns."""
@@ -100,6 +113,7 @@ def _committed(con: duckdb.DuckDBPyConnection, where: delta.Where, state: Reward
         con.register(f"_empty_{dataset}", schema.empty_table())
         return f"(SELECT {names} FROM _empty_{dataset})"
     src = delta.scan(con, where, dataset, paths, f"_table_{dataset}")
+    names = _columns(con, src, schema)
     return f"(SELECT {names} FROM {src} WHERE reward_run IN (SELECT run_id FROM {_runs(con, state)}))"
 
 
@@ -111,7 +125,8 @@ def _snapshot(con: duckdb.DuckDBPyConnection, where: delta.Where, state: RewardS
     if not paths:
         con.register(f"_empty_{dataset}", schema.empty_table())
         return f"(SELECT {names} FROM _empty_{dataset})"
-    return f"(SELECT {names} FROM {delta.scan(con, where, dataset, paths, f'_table_{dataset}')})"
+    src = delta.scan(con, where, dataset, paths, f"_table_{dataset}")
+    return f"(SELECT {_columns(con, src, schema)} FROM {src})"
 
 
 def settled(con: duckdb.DuckDBPyConnection, where: delta.Where, state: RewardState) -> str:

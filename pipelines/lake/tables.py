@@ -12,7 +12,9 @@ A few *hot* fields are also stored as typed columns (`HOT_COLUMNS`, filled by
 instead of parsing every payload. They are copies: `payload` stays the source
 of truth. They came with lake format 2 (pre-release, no format-1 lake was
 deployed): a format-1 file beside format-2 files reads NULL in them, and a lake
-of format-1 files only does not bind; re-ingest it from Kafka.
+of format-1 files only does not bind; re-ingest it from Kafka. `user_text` came
+after format 2: files without it read NULL (the reward stage checks the columns
+it reads: `reward/engine.py`), so no re-ingest is needed for it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ HOT_COLUMNS = [
     ("turn_index", pa.int32()),     # model_turn; out of int32 range -> NULL
     ("latency_ms", pa.float64()),   # model_turn, tool_call
     ("output_text", pa.string()),   # model_turn
+    ("user_text", pa.string()),     # model_turn: the last user message of input_messages (hindsight
+                                    # signals read it); added later: older files read NULL
 ]
 
 EVENTS_SCHEMA = pa.schema([
@@ -94,8 +98,9 @@ STATE_KEY = "reward_through_events_version"  # a reward manifest's count: every 
 OLD_STATE_KEY = "reward_through_seq"   # before the events table was Delta: every manifest up to it
 
 # Component columns of the rewards dataset, in order (`pipelines/reward/spec.py` weighs them).
+# `hindsight` came last (older reward files read NULL in it: `reward_tables._committed`).
 COMPONENTS = ("thumbs", "rating", "output", "regenerate", "follow_up",
-              "abandon", "session", "tool", "retries", "latency", "length")
+              "abandon", "session", "tool", "retries", "latency", "length", "hindsight")
 
 TS_US = pa.timestamp("us", tz="UTC")  # the reward datasets' time unit
 REWARD_SCHEMA = pa.schema(

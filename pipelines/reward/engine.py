@@ -22,6 +22,7 @@ the current open state.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,8 +39,13 @@ from pipelines.lake.delta import EVENTS
 from pipelines.lake import reward_tables
 from pipelines.lake.reward_tables import RewardState, reward_state
 from pipelines.lake.tables import CORRECTIONS, PENDING, PROVISIONAL, REWARDS
+from pipelines.reward import hindsight
 from pipelines.reward.spec import SpecBook
-from pipelines.reward.sql import DUPLICATE_IDS, SIGNAL_SCHEMA, TRACE, compute_sql, extract_sql, rewards_sql
+from pipelines.reward.sql import (
+    DUPLICATE_IDS, HINDSIGHT_SCHEMA, SIGNAL_SCHEMA, TRACE, TURN, compute_sql, extract_sql, rewards_sql,
+)
+
+log = logging.getLogger("tracerl.reward.hindsight")
 
 
 
@@ -56,6 +62,9 @@ class Computed:
     new_signals: int
     orphans_pending: int
     spec_versions: list[str]
+    # hindsight kind (and `all`) -> its agreement with the explicit votes on the turns settled in
+    # this run that have both (`hindsight.calibrate`)
+    hindsight_calibration: dict[str, hindsight.Agreement] = field(default_factory=dict)
 
 
 def _param_table(con: duckdb.DuckDBPyConnection, book: SpecBook) -> pa.Table:
@@ -80,7 +89,8 @@ def compute(where: delta.Where, new_files: list[str], state: RewardState, book: 
     con.register("_empty_signals", SIGNAL_SCHEMA.empty_table())
     if new_files:
         events = delta.scan(con, where, EVENTS, new_files, "_new_events")
-        con.execute(f"CREATE TEMP TABLE new_sig AS {extract_sql(events)}")
+        has_user_text = "user_text" in {r[0] for r in con.sql(f"DESCRIBE SELECT * FROM {events}").fetchall()}
+        con.execute(f"CREATE TEMP TABLE new_sig AS {extract_sql(events, user_text=has_user_text)}")
     else:
         con.execute("CREATE TEMP TABLE new_sig AS SELECT * FROM _empty_signals")
     con.execute(f"CREATE TEMP TABLE pending AS SELECT * FROM {reward_tables.pending(con, where, state, SIGNAL_SCHEMA)}")
@@ -89,11 +99,13 @@ def compute(where: delta.Where, new_files: list[str], state: RewardState, book: 
     con.execute(f"""CREATE TEMP TABLE reg AS SELECT {reg_cols} FROM {reward_tables.settled(con, where, state)}
                     SEMI JOIN (SELECT {TRACE} FROM new_sig UNION SELECT {TRACE} FROM pending) k
                     USING ({TRACE})""")
+    signals = _hindsight(con)
     params = _param_table(con, book)
     con.register("params", params)
     dup_events, dup_turns = con.execute(DUPLICATE_IDS).fetchone()
     for stmt in compute_sql(now, dedupe=dup_events > 0, dedupe_turns=dup_events + dup_turns > 0):
         con.execute(stmt)
+    calibration = _calibrate(con, signals, book)
     out = Computed(
         settled=con.sql(rewards_sql("settled")).to_arrow_table(),
         provisional=con.sql(rewards_sql("provisional")).to_arrow_table(),
@@ -104,9 +116,50 @@ def compute(where: delta.Where, new_files: list[str], state: RewardState, book: 
         new_signals=con.execute("SELECT count(*) FROM new_sig").fetchone()[0],
         orphans_pending=con.execute("SELECT count(*) FROM orphan WHERE NOT expired").fetchone()[0],
         spec_versions=sorted(set(params.column("spec_version").to_pylist())),
+        hindsight_calibration=calibration,
     )
     con.close()
     return out
+
+
+def _hindsight(con: duckdb.DuckDBPyConnection) -> dict[tuple, hindsight.Hindsight]:
+    """Between extract and compute: each open model turn paired with the next turn of its trace
+    (`hindsight.next_turn_hindsight`, over the first arrival of each turn among the pending and new
+    signals, as `turns0` takes it), registered as ``hs`` for `compute_sql`. Python, not SQL: the
+    classifier reads text. A turn waits for its next turn while it is open (its signal stays
+    pending, so a later run pairs it); one that settles without one gets no hindsight."""
+    rows = con.sql(f"""WITH m AS (
+          SELECT tenant, trace_id, turn_id, turn_index, event_time, ingested_at, event_id, user_text, out_text
+          FROM (SELECT * FROM pending UNION ALL BY NAME SELECT * FROM new_sig)
+          WHERE type = 'model_turn' AND turn_id IS NOT NULL AND turn_index IS NOT NULL)
+        SELECT tenant, trace_id, turn_id, turn_index, event_time AS turn_time, user_text, out_text
+        FROM m SEMI JOIN (SELECT {TRACE} FROM m GROUP BY ALL HAVING count(DISTINCT turn_id) > 1) k USING ({TRACE})
+        QUALIFY row_number() OVER (PARTITION BY {TURN} ORDER BY ingested_at, event_id) = 1""").fetchall()
+    names = ("tenant", "trace_id", "turn_id", "turn_index", "turn_time", "user_text", "out_text")
+    signals = hindsight.next_turn_hindsight(dict(zip(names, r)) for r in rows)
+    keys = list(signals)
+    con.register("hs", pa.table({
+        "tenant": [k[0] for k in keys], "trace_id": [k[1] for k in keys], "turn_id": [k[2] for k in keys],
+        "hs_kind": [signals[k].kind for k in keys], "hs_conf": [signals[k].confidence for k in keys]},
+        schema=HINDSIGHT_SCHEMA))
+    return signals
+
+
+def _calibrate(con: duckdb.DuckDBPyConnection, signals: dict[tuple, hindsight.Hindsight],
+               book: SpecBook) -> dict[str, hindsight.Agreement]:
+    """Hindsight against the explicit votes (thumbs, else the rating's sign) of the turns settled in
+    this run that have both; logged when any turn has both."""
+    if not signals:
+        return {}
+    votes = {(t, tr, u): v for t, tr, u, v in con.sql(
+        "SELECT tenant, trace_id, turn_id, coalesce(thumbs, sign(rating)) FROM rw "
+        "WHERE settled_now AND coalesce(thumbs, sign(rating), 0) <> 0").fetchall()}
+    spec = book.resolve("*", None)
+    result = hindsight.calibrate({k: signals[k] for k in votes if k in signals}, votes,
+                                 min_confidence=spec.hindsight.min_confidence, thumbs_weight=spec.weights.thumbs)
+    if result["all"].count:
+        hindsight.log_calibration(result, log)
+    return result
 
 
 @dataclass
@@ -127,6 +180,10 @@ class RewardRunResult:
     compute_seconds: float = 0.0
     seconds: float = 0.0
     tables: Computed | None = None       # this run's outputs, for checks and tests
+    # hindsight kind (and `all`) -> `hindsight.Agreement` with the explicit votes, on the turns settled
+    # in this run that have both (empty when no open turn of the run had a next turn; counts of 0 when
+    # none of those settled with a vote)
+    hindsight_calibration: dict[str, hindsight.Agreement] = field(default_factory=dict)
 
 
 def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: datetime | None = None,
@@ -153,6 +210,7 @@ def run_rewards(lake_root: str | Path, book: SpecBook | None = None, now: dateti
         if out.settled.num_rows else 0
     result.pending_signals, result.orphans_pending = out.pending.num_rows, out.orphans_pending
     result.spec_versions = out.spec_versions
+    result.hindsight_calibration = out.hindsight_calibration
     for reason in out.corrections["reason"].to_pylist():
         result.corrections[reason] = result.corrections.get(reason, 0) + 1
     if not new_files and not out.settled.num_rows and not out.corrections.num_rows:

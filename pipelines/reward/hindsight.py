@@ -29,8 +29,9 @@ stdlib sets are enough for token overlap. Total on any text: never raises, deter
 `trace_hindsight(turns)` applies it along a trace (a turn whose next request is the same request
 again is a regenerate: `reask` with confidence 1, cue `<same request>`), and `calibrate(signals,
 votes)` measures each kind's agreement with explicit votes on the same turns and suggests a weight.
-Not wired into the reward spec yet: docs/rewards.md "Hindsight signals"; figures in docs/learning.md
-"Realistic users".
+`next_turn_hindsight(turns)` is the reward stage's pairing of each model turn with the next turn of
+its trace (the spec's `hindsight` component, `reward/engine.py`): docs/rewards.md "Hindsight
+signals"; figures in docs/learning.md "Realistic users".
 """
 
 from __future__ import annotations
@@ -271,6 +272,30 @@ def trace_hindsight(turns: Sequence[tuple[Sequence[Mapping[str, Any]], str]]) ->
             out.append(classify(_last_user(nxt[len(req) + 1:]), _last_user(req), reply))
         else:
             out.append(NONE)
+    return out
+
+
+def next_turn_hindsight(turns: Iterable[Mapping[str, Any]]) -> dict[tuple, Hindsight]:
+    """The reward stage's pairing: per model turn (a mapping with tenant, trace_id, turn_id, turn_index,
+    turn_time, user_text: the last user message of its request, out_text: its reply), the hindsight
+    of the next turn of its trace, keyed (tenant, trace_id, turn_id). The next turn is the one with
+    the least turn_index above this one's (ties: earliest turn_time, then turn_id); a turn without
+    one (yet), or without a turn_index, gets no entry. Deterministic, whatever the input order."""
+    traces: dict[tuple, list[Mapping[str, Any]]] = {}
+    for t in turns:
+        if t.get("turn_index") is not None and t.get("turn_id") is not None:
+            traces.setdefault((t["tenant"], t["trace_id"]), []).append(t)
+    out: dict[tuple, Hindsight] = {}
+    for (tenant, trace), ts in traces.items():
+        ts.sort(key=lambda t: (t["turn_index"], t["turn_time"], t["turn_id"]))
+        j = 0
+        for t in ts:
+            while j < len(ts) and ts[j]["turn_index"] <= t["turn_index"]:
+                j += 1
+            if j < len(ts):
+                nxt = ts[j]
+                out[(tenant, trace, t["turn_id"])] = classify(nxt.get("user_text"), t.get("user_text"),
+                                                              t.get("out_text"))
     return out
 
 

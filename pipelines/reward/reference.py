@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import pyarrow.parquet as pq
 
-from pipelines.reward import rules
+from pipelines.reward import hindsight, rules
 from pipelines.reward.spec import RewardSpec, SpecBook
 
 ENVELOPE = ["event_id", "type", "app", "task", "trace_id", "turn_id", "event_time", "ingested_at", "payload"]
@@ -73,7 +73,17 @@ def signal(row: dict[str, Any], tenant: str) -> dict[str, Any]:
         "latency_ms": _num(p.get("latency_ms")) if turn or tool else None,
         "out_chars": len(text) if text is not None else (0 if turn else None),
         "text_class": rules.text_class(text) if turn else None,
+        "user_text": _last_user(p.get("input_messages")) if turn else None,
+        "out_text": text,
     }
+
+
+def _last_user(messages: Any) -> str | None:
+    """The content of the request's last user message (the hot column `user_text`)."""
+    for m in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return _str(m.get("content"))
+    return None
 
 
 def read_signals(files: Iterable[str]) -> list[dict[str, Any]]:
@@ -155,6 +165,13 @@ def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[di
         if t["turn_index"] is not None:
             k = trace_key(t)
             last_index[k] = max(last_index.get(k, t["turn_index"]), t["turn_index"])
+    # hindsight: each turn paired with the next turn of its trace, over the first arrival of every
+    # model turn among the signals (settled turns of the registry carry no text)
+    firsts: dict[tuple, dict] = {}
+    for s in sorted(by_type["model_turn"], key=lambda s: (s["ingested_at"], s["event_id"])):
+        if s["turn_id"] is not None:
+            firsts.setdefault(turn_key(s), {**s, "turn_time": s["event_time"]})
+    hs = hindsight.next_turn_hindsight(firsts.values())
     trace_turns: dict[tuple, list[dict]] = defaultdict(list)
     for t in turns.values():
         trace_turns[trace_key(t)].append(t)
@@ -202,6 +219,9 @@ def compute(new: list[dict], book: SpecBook, now: datetime, pending: Iterable[di
             "retries": rules.retries(n_retries, len(keys), sp),
             "latency": rules.latency(t.get("latency_ms"), sp),
             "length": rules.length(t.get("out_chars"), sp),
+            "hindsight": None if t["settled_before"] or tid not in hs else rules.hindsight(
+                hs[tid].kind, hs[tid].confidence, any(f["kind"] == "regenerate" for f in fs),
+                fu["sentiment"] if fu else None, sp),
         }
         dodge = rules.dodge(t.get("text_class"), t.get("out_chars") or 0, len(keys), sp)
         labelled, total = rules.combine(comp, dodge, sp)

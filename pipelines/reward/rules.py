@@ -90,6 +90,24 @@ def length(chars: int | None, spec: RewardSpec) -> float | None:
     return -min(chars / spec.costs.length_budget_chars, 1.0)
 
 
+HINDSIGHT_KINDS = ("complaint", "reask", "thanks", "new_topic")
+
+
+def hindsight(kind: str | None, confidence: float | None, regenerated: bool, follow_sentiment: str | None,
+              spec: RewardSpec) -> float | None:
+    """The spec's value of the next user message's kind x its confidence (`hindsight.classify`), when
+    confident enough; None where the kind is valued 0, or the turn already has the same evidence
+    explicitly: a re-ask beside a `regenerate`, a complaint / thanks beside a follow-up sentiment."""
+    if kind not in HINDSIGHT_KINDS or confidence is None or confidence < spec.hindsight.min_confidence:
+        return None
+    if kind == "reask" and regenerated:
+        return None
+    if kind in ("complaint", "thanks") and follow_sentiment in ("satisfied", "dissatisfied"):
+        return None
+    v = getattr(spec.hindsight, kind)
+    return v * confidence if v != 0 else None
+
+
 def text_class(text: str | None) -> str | None:
     """'empty', 'question' (ends with '?'), or None; decided once at extraction."""
     if text is None or not text.strip(WHITESPACE):

@@ -57,6 +57,8 @@ class Weights:
     retries: float = 0.25     # extra attempts cost a little even when the retry worked
     latency: float = 0.0      # off: latency is mostly serving infrastructure, not the policy
     length: float = 0.0       # off: length penalties collapse replies (docs/measured.md: 8-token answers)
+    hindsight: float = 0.25   # the next user message (complaint, re-ask, thanks): read by a heuristic, so a
+                              # quarter of a vote; an explicit vote on the same turn always outweighs it
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,23 @@ class Implicit:
     abandoned: float = -1.0   # session_end outcome "abandoned"
     success: float = 1.0      # session_end task_success = true
     failure: float = -1.0     # task_success = false; None is no signal
+
+
+@dataclass(frozen=True)
+class HindsightSignals:
+    """Hindsight: what the next user message of the trace says about a reply (`hindsight.py`).
+
+    The `hindsight` component is the kind's value here x the classifier's confidence, for a
+    confidence >= `min_confidence`; a kind valued 0 is no signal. It is implicit: it never lifts
+    the dodge cap, and it stays out where the turn already has the same evidence explicitly (a
+    `reask` beside a `regenerate`, a `complaint` / `thanks` beside a follow-up sentiment).
+    """
+
+    complaint: float = -1.0   # "that's wrong", "not what I asked"
+    reask: float = -1.0       # the same question again, or a rephrase of it
+    thanks: float = 1.0       # "thanks!", "perfect"
+    new_topic: float = 0.0    # moving on: weak evidence either way (off)
+    min_confidence: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -177,6 +196,7 @@ class RewardSpec:
     dodge: Dodge = field(default_factory=Dodge)
     credit: CreditRule = field(default_factory=Discounted)
     settle: Settle = field(default_factory=Settle)
+    hindsight: HindsightSignals = field(default_factory=HindsightSignals)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self.weights):
@@ -207,6 +227,13 @@ class RewardSpec:
             raise ValueError(f"credit gamma {self.credit.gamma!r} must be on (0, 1] and min_share on [0, 1)")
         if self.settle.window_s <= 0 or self.settle.session_end_grace_s < 0:
             raise ValueError(f"settle.window_s {self.settle.window_s!r} must be > 0 and grace >= 0")
+        h = self.hindsight
+        for name in ("complaint", "reask", "thanks", "new_topic"):
+            v = getattr(h, name)
+            if not (isinstance(v, (int, float)) and -1.0 <= v <= 1.0):
+                raise ValueError(f"hindsight.{name} = {v!r} must be on [-1, 1]")
+        if not (isinstance(h.min_confidence, (int, float)) and 0.0 <= h.min_confidence <= 1.0):
+            raise ValueError(f"hindsight.min_confidence = {h.min_confidence!r} must be on [0, 1]")
         for f in dataclasses.fields(self.implicit):
             if not -1.0 <= getattr(self.implicit, f.name) <= 1.0:
                 raise ValueError(f"implicit.{f.name} = {getattr(self.implicit, f.name)!r} must be on [-1, 1]")
@@ -241,12 +268,14 @@ class RewardSpec:
             "credit_rule": credit.rule,
             "gamma": float(getattr(credit, "gamma", 1.0)), "min_share": float(getattr(credit, "min_share", 0.0)),
             "window_s": float(s.window_s), "grace_s": float(s.session_end_grace_s),
+            **{f"h_{k}": float(getattr(self.hindsight, k)) for k in ("complaint", "reask", "thanks", "new_topic")},
+            "h_min_confidence": float(self.hindsight.min_confidence),
             "spec_version": self.version_id,
         }
 
 
 _SECTIONS = {"weights": Weights, "explicit": Explicit, "implicit": Implicit, "tools": Tools,
-             "costs": Costs, "dodge": Dodge, "settle": Settle}
+             "costs": Costs, "dodge": Dodge, "settle": Settle, "hindsight": HindsightSignals}
 
 
 def _build(values: dict[str, Any], where: str) -> RewardSpec:

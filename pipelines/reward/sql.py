@@ -43,7 +43,13 @@ SIGNAL_SCHEMA = pa.schema([
     ("sentiment", pa.string()), ("success", pa.bool_()), ("call_id", pa.string()), ("attempt", pa.int32()),
     ("turn_index", pa.int32()), ("latency_ms", pa.float64()), ("out_chars", pa.int32()),
     ("text_class", pa.string()),    # model turns: 'empty' | 'question' | NULL
+    ("user_text", pa.string()),     # model turns: the last user message of the request (hindsight)
+    ("out_text", pa.string()),      # model turns: the reply (hindsight; older pending snapshots: NULL)
 ])
+
+# One row per turn that has a next turn (`hindsight.next_turn_hindsight`), registered by the engine.
+HINDSIGHT_SCHEMA = pa.schema([("tenant", pa.string()), ("trace_id", pa.string()), ("turn_id", pa.string()),
+                              ("hs_kind", pa.string()), ("hs_conf", pa.float64())])
 
 _WS_CHARS = ["chr(32)", "chr(9)", "chr(13)", "chr(10)"]  # = rules.WHITESPACE
 _WS = " || ".join(_WS_CHARS)
@@ -56,8 +62,9 @@ _TEXT_CLASS = rf"""CASE WHEN output_text IS NULL OR output_text = '' THEN 'empty
                            WHEN suffix(rtrim(output_text, {_WS}), '?') THEN 'question' END END"""
 
 
-def extract_sql(events: str) -> str:
-    """The signals of ``events``, a relation over event files (`lake.delta.scan`)."""
+def extract_sql(events: str, user_text: bool = True) -> str:
+    """The signals of ``events``, a relation over event files (`lake.delta.scan`). ``user_text``:
+    whether those files have that column (files of a release before it do not: NULL)."""
     return rf"""
 SELECT event_id, type, tenant, app, task, trace_id, turn_id,
        event_time::TIMESTAMPTZ AS event_time, ingested_at::TIMESTAMPTZ AS ingested_at,
@@ -65,7 +72,9 @@ SELECT event_id, type, tenant, app, task, trace_id, turn_id,
        CASE WHEN type = 'tool_call' THEN coalesce(attempt, 1) END AS attempt,
        turn_index, latency_ms,
        CASE WHEN type = 'model_turn' THEN coalesce(length(output_text), 0)::INTEGER END AS out_chars,
-       CASE WHEN type = 'model_turn' THEN {_TEXT_CLASS} END AS text_class
+       CASE WHEN type = 'model_turn' THEN {_TEXT_CLASS} END AS text_class,
+       {"CASE WHEN type = 'model_turn' THEN user_text END" if user_text else "NULL::VARCHAR"} AS user_text,
+       CASE WHEN type = 'model_turn' THEN output_text END AS out_text
 FROM {events}
 WHERE type IN ('model_turn', 'tool_call', 'feedback', 'session_end')
 """
@@ -95,6 +104,15 @@ _TOTAL = " + ".join(["0.0::DOUBLE"] + [f"coalesce(p.w_{c} * {c}, 0.0)" for c in 
 # rules.explicit_positive: the user liked the reply or acted on it (lifts the dodge cap when the spec says so)
 _EXPLICIT_POSITIVE = " OR ".join(f"coalesce({c}, 0.0) > 0" for c in EXPLICIT_COMPONENTS)
 
+
+# rules.hindsight: the kind's value x confidence; no signal below the spec's min confidence, for a kind
+# valued 0, or beside the same evidence given explicitly (regenerate; follow-up sentiment).
+_HS_VALUE = ("CASE t.hs_kind WHEN 'complaint' THEN p.h_complaint WHEN 'reask' THEN p.h_reask "
+             "WHEN 'thanks' THEN p.h_thanks WHEN 'new_topic' THEN p.h_new_topic END")
+_HINDSIGHT = f"""CASE WHEN t.hs_conf >= p.h_min_confidence AND {_HS_VALUE} <> 0
+                  AND NOT (t.hs_kind = 'reask' AND coalesce(t.regen, false))
+                  AND NOT (t.hs_kind IN ('complaint', 'thanks') AND t.follow_s IS NOT NULL)
+             THEN {_HS_VALUE} * t.hs_conf END"""
 
 TURN = "tenant, trace_id, turn_id"     # the key of a turn
 TRACE = "tenant, trace_id"              # the key of a trace (session ends)
@@ -171,6 +189,7 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
         f"""CREATE OR REPLACE TEMP TABLE rw AS
            WITH turns AS (
              SELECT *, false AS settled_before FROM turns0 LEFT JOIN fb USING ({TURN}) LEFT JOIN tl USING ({TURN})
+                  LEFT JOIN hs USING ({TURN})
              UNION ALL BY NAME
              SELECT *, true AS settled_before FROM reg),
            rw0 AS (
@@ -200,6 +219,7 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
                   THEN -least(greatest(t.latency_ms, 0.0) / p.latency_budget_ms, 1.0) END AS latency,
              CASE WHEN p.w_length <> 0 AND t.out_chars IS NOT NULL
                   THEN -least(t.out_chars / p.length_budget_chars, 1.0) END AS length,
+             {_HINDSIGHT} AS hindsight,
              CASE WHEN p.dodge_cap IS NOT NULL AND coalesce(t.n_calls, 0) = 0 THEN
                   CASE WHEN t.text_class = 'empty' THEN 'silent'
                        WHEN t.text_class = 'question' AND t.out_chars <= p.clarify_max_chars THEN 'clarify' END
@@ -214,7 +234,7 @@ def compute_sql(now: datetime, dedupe: bool = True, dedupe_turns: bool = True) -
            rw1 AS (
              SELECT *, (thumbs IS NOT NULL OR rating IS NOT NULL OR output IS NOT NULL
                         OR regenerate IS NOT NULL OR follow_up IS NOT NULL OR abandon IS NOT NULL
-                        OR session IS NOT NULL OR coalesce(tool, 0) < 0 OR coalesce(retries, 0) < 0) AS labelled0,
+                        OR session IS NOT NULL OR hindsight IS NOT NULL OR coalesce(tool, 0) < 0 OR coalesce(retries, 0) < 0) AS labelled0,
                     least(turn_time + to_seconds(window_s), session_end_at + to_seconds(grace_s)) AS settle_at
              FROM rw0)
            SELECT turn_id, trace_id, tenant, app, task, turn_index, turn_time, {", ".join(_COMPONENTS)},

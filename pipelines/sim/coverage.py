@@ -24,6 +24,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from pipelines.reward import rules
+from pipelines.reward.hindsight import next_turn_hindsight
 from pipelines.reward.spec import CreditRule, Discounted, LastTurn, RewardSpec, Uniform
 from pipelines.sim.sessions import Session, UserModel
 
@@ -42,15 +44,38 @@ def credit_share(rule: CreditRule, turn_index: int, last_index: int) -> float | 
     raise TypeError(f"unknown credit rule {rule!r}")
 
 
-def turn_labels(session: Session, credit: CreditRule | None = None) -> list[set[str]]:
-    """Per turn of an ended `session`: the sources (LABEL_SOURCES) that label it."""
+def _last_user(request: list) -> str | None:
+    for m in reversed(request):
+        if m.get("role") == "user":
+            c = m.get("content")
+            return c if isinstance(c, str) else None
+    return None
+
+
+def turn_labels(session: Session, credit: CreditRule | None = None, hindsight: bool = False) -> list[set[str]]:
+    """Per turn of an ended `session`: the sources (LABEL_SOURCES) that label it. `hindsight`: also
+    the built-in spec's `hindsight` component (the next user message of the trace, as the reward
+    engine pairs and classifies it: source "hindsight"); off by default, so the figures in
+    docs/learning.md stay those of the signals users send."""
     if not session.done:
         raise ValueError("the session has not ended: its outcome labels are not known yet")
-    credit = credit if credit is not None else RewardSpec().credit
+    spec = RewardSpec()
+    credit = credit if credit is not None else spec.credit
     last = len(session.turns) - 1
+    hs = next_turn_hindsight(
+        {"tenant": "", "trace_id": "", "turn_id": i, "turn_index": t.turn_index, "turn_time": i,
+         "user_text": _last_user(t.request), "out_text": t.reply} for i, t in enumerate(session.turns)) \
+        if hindsight else {}
     out = []
-    for t in session.turns:
+    for i, t in enumerate(session.turns):
         got: set[str] = set()
+        h = hs.get(("", "", i))
+        if h is not None:
+            follow = [g.sentiment for g in t.signals
+                      if g.kind == "follow_up" and g.sentiment in ("satisfied", "dissatisfied")]
+            if rules.hindsight(h.kind, h.confidence, any(g.kind == "regenerate" for g in t.signals),
+                               follow[-1] if follow else None, spec) is not None:
+                got.add("hindsight")
         for g in t.signals:
             if g.kind == "thumbs" and g.value:
                 got.add("thumbs")

@@ -63,10 +63,13 @@ ENV = dict(tenant="acme", app="bot", task="support", trace_id="tr-1")
 
 
 def turn(turn_id: str, index: int = 0, t: float = 0, text: str = "Here is the answer.",
-         latency_ms: float | None = None, **kw) -> ModelTurn:
+         latency_ms: float | None = None, user: str | None = None, **kw) -> ModelTurn:
+    """A model turn; `user`: its request's user message (default: the turn id, so that consecutive
+    turns read as moving on to a new topic, which the default spec does not score: no hindsight)."""
     env = {**ENV, **kw}
     return ModelTurn(**env, turn_id=turn_id, turn_index=index, event_time=at(t), model="m",
-                     input_messages=[Message(role="user", content="hi")], output_text=text,
+                     input_messages=[Message(role="user", content=turn_id if user is None else user)],
+                     output_text=text,
                      latency_ms=latency_ms)
 
 

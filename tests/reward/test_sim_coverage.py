@@ -39,7 +39,7 @@ def test_coverage_labels_what_the_reward_engine_labels(lake_root, um):
     land(lake_root, events)
     result = run_rewards(lake_root, now=now(10 * 86400))   # every turn settled
     got = {r["turn_id"]: r["labelled"] for r in result.tables.settled.to_pylist()}
-    want = {f"s{n}-t{i}": bool(x) for n, s in enumerate(sessions) for i, x in enumerate(turn_labels(s))}
+    want = {f"s{n}-t{i}": bool(x) for n, s in enumerate(sessions) for i, x in enumerate(turn_labels(s, hindsight=True))}
     assert got == want
     if um == UserModel.realistic():
         assert sum(want.values()) / len(want) <= 0.3

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from reward_lake import land
-from pipelines.contract.events import Feedback
+from pipelines.contract.events import Feedback, Message
 from pipelines.ingest.sample import generate
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS
@@ -31,6 +31,10 @@ DODGE_FEEDBACK = [dict(kind="thumbs", value=1), dict(kind="rating", value=5, sca
                   dict(kind="rating", value=3), dict(kind="accept"), dict(kind="edit", text="kept"),
                   dict(kind="follow_up", text="thanks", sentiment="satisfied"), dict(kind="thumbs", value=-1)]
 
+# Next user messages the hindsight classifier reads (complaints, thanks, a re-ask of the sample's question).
+HINDSIGHT_TEXT = ["That's wrong, try again.", "Thanks, that worked!", "Not what I asked.", "Perfect, thanks.",
+                  "Where is my order?", "ok"]
+
 
 def traffic(seed: int, n_traces: int) -> list:
     rng = random.Random(seed)
@@ -39,6 +43,9 @@ def traffic(seed: int, n_traces: int) -> list:
     dodges = rng.sample(turns, 40)
     for e in dodges:                                   # dodges: silent and clarifying turns
         e.output_text = rng.choice(["", "  ", "Which order do you mean?"])
+    later = [e for e in turns if e.turn_index > 0]
+    for e in rng.sample(later, min(60, len(later))):   # next messages hindsight reads
+        e.input_messages = [*e.input_messages[:-1], Message(role="user", content=rng.choice(HINDSIGHT_TEXT))]
     extra = []
     for e in dodges[:30]:                              # ...most with feedback, often explicitly positive
         extra.append(Feedback(tenant=e.tenant, app=e.app, task=e.task, trace_id=e.trace_id, turn_id=e.turn_id,
@@ -92,6 +99,8 @@ def test_engine_equals_reference_over_incremental_runs(lake_root, seed, book):
     lifted = [r for r in registry if r["dodge"] and r["total"] > book.resolve(r["tenant"], r["task"]).dodge.cap]
     capped = [r for r in registry if r["dodge"] and r["total"] <= book.resolve(r["tenant"], r["task"]).dodge.cap]
     assert lifted and capped                           # both sides of the explicit-positive rule were compared
+    hs = [r["hindsight"] for r in registry if r["hindsight"] is not None]
+    assert min(hs) < 0 < max(hs)                       # hindsight of both signs was compared
     assert {r["settled"] for r in registry} == {True}
 
 
