@@ -54,6 +54,7 @@ test: venv $(VLLM_STAMP)
 
 # The Dagster UI on http://127.0.0.1:3000 (job control on, so Ctrl-C / SIGTERM stop it).
 dagster: venv
+	$(PY) -m assets.pools   # the learner pool's limit, on the instance (dagster.yaml cannot hold it)
 	set -m; .venv/bin/dagster dev -m assets.definitions -h 127.0.0.1 -p 3000
 
 bench: venv

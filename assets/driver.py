@@ -8,7 +8,9 @@ gate's outcome and eval scores, the swap) is read from that run's events, not fr
 
 Refused (`LoopBusy`) while the target has a run queued or going, or while another process runs an
 iteration for it (a lock file in the tracerl run folder): in-process runs skip the instance's
-run queue, so they check both themselves.
+run queue, so they check both themselves. They do not skip the concurrency pools
+(assets/pools.py): a step of theirs waits for its pool's slot like the daemon's runs' steps, and
+`dagster_instance` sets the pools' limits on the instance first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Iterator
 import dagster as dg
 
 from assets.loop import LOOP_JOB, active_run
+from assets.pools import ensure_pool_limits
 from assets.resources import TracerlResource
 from assets.targets import OUTCOME_TAG, REASON_TAG, ensure_target
 from pipelines.config import TracerlConfig
@@ -41,12 +44,15 @@ class LoopBusy(RuntimeError):
 
 
 def dagster_instance() -> dg.DagsterInstance:
-    """The persistent instance under $DAGSTER_HOME, set to the repo's `dagster_home/` when unset."""
+    """The persistent instance under $DAGSTER_HOME, set to the repo's `dagster_home/` when unset, with
+    the pools' limits set (`ensure_pool_limits`)."""
     from pipelines.services.dagster import dagster_home
 
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(dagster_home())))
     home.mkdir(parents=True, exist_ok=True)
-    return dg.DagsterInstance.get()
+    instance = dg.DagsterInstance.get()
+    ensure_pool_limits(instance)
+    return instance
 
 
 @contextmanager

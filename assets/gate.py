@@ -12,10 +12,15 @@ eval item, or a gate that could not run, fails the run before `deployment`.
 
 No candidate in this run (the learner skipped): nothing materializes and the check passes with
 `candidates = 0`; `deployment` is skipped in that run.
+
+The gate is in the `gate` concurrency pool (assets/pools.py, limit 1): one gate's evals at a time
+across every run; the gates of several targets take turns instead of sharing the cores with each
+other and the learners.
 """
 
 import dagster as dg
 
+from assets.pools import GATE_POOL
 from assets.resources import LakeResource, MlflowResource
 from assets.targets import OUTCOME_TAG, parse_target, tag_run, targets
 from pipelines.config import TracerlConfig
@@ -69,6 +74,7 @@ def eval_metadata(decision: dict) -> dict[str, dg.MetadataValue]:
     group_name="gate",
     kinds={"mlflow", "vllm"},
     output_required=False,
+    pool=GATE_POOL,
     description="The gate's decision on this run's candidate: private eval suites, candidate vs champion on "
                 "identical items in vLLM, a paired test per suite; promote (move `champion`) only on a "
                 "significant primary gain with no guardrail regression, hold it as `challenger` in review "

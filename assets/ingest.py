@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import dagster as dg
 
+from assets.pools import INGEST_POOL
 from assets.resources import KafkaResource, LakeResource
 from pipelines.contract.validate import INTERNAL_ERROR
 
@@ -57,6 +58,7 @@ class IngestRunConfig(dg.Config):
     deps=[raw_events],
     group_name="ingest",
     kinds={"kafka", "parquet", "duckdb"},
+    pool=INGEST_POOL,  # one lander at a time across runs: a second loop's ingest finds nothing new
     description="Trace events consumed from Kafka and landed in the Parquet lake exactly once; "
                 "invalid messages land in the quarantine dataset with their reason.",
     check_specs=[dg.AssetCheckSpec(QUARANTINE_CHECK, asset="lake_events",

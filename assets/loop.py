@@ -14,12 +14,20 @@ One loop at a time per target: the instance's run queue allows one run per `dags
 value (dagster_home/dagster.yaml), the sensor and the schedule skip a target with a run queued or
 in progress, and the in-process driver refuses to start beside one (the learner has no lock of its
 own: two runs at once would train the same turns twice).
+
+Loops for several targets run at once, and the steps limit each other, not the runs: each step
+that needs holding is in a concurrency pool (assets/pools.py): `lake_events` in `ingest` and
+`turn_rewards` in `rewards` (one at a time: the second loop's finds nothing new, so the shared work
+is done once), `candidate_adapter` in `learner` (2), `promotion` in `gate` (1). A loop run carries
+`tracerl/lane=learner`, which the run queue caps below its total, so loop runs waiting for the
+learner never take the run slots the */5 ingest and reward runs need.
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
+from assets.pools import LANE_TAG, LEARNER_LANE
 from assets.resources import LakeResource
 from assets.targets import TARGETS, target_key, targets
 from pipelines.config import TracerlConfig
@@ -31,8 +39,11 @@ NEW_TURNS_TAG = "tracerl/new_turns"  # "40/32": new settled turns / learner.min_
 ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
           dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
+DEPLOY_LANE = "deploy"  # the hourly deployment-only runs: no learner, not capped with the loops
+
 closed_loop_job = dg.define_asset_job(
     LOOP_JOB, selection=dg.AssetSelection.assets(*LOOP_ASSETS),  # partitioned by targets, as its assets
+    tags={LANE_TAG: LEARNER_LANE},  # the run queue caps the runs in this lane (dagster_home/dagster.yaml)
     description="One iteration of the closed loop for one tenant/task (the partition): land new events, "
                 "settle rewards, train a candidate adapter, gate it on the private evals, and reconcile the "
                 "gateway to the registry champion (a hot swap when the gate promoted). The run's "
@@ -95,7 +106,8 @@ def closed_loop_hourly(context: dg.ScheduleEvaluationContext, lake: LakeResource
         if key in ready and n >= need:
             requests.append(dg.RunRequest(partition_key=key, tags={NEW_TURNS_TAG: f"{n}/{need}"}))
         else:
-            requests.append(dg.RunRequest(partition_key=key, asset_selection=[dg.AssetKey("deployment")]))
+            requests.append(dg.RunRequest(partition_key=key, asset_selection=[dg.AssetKey("deployment")],
+                                          tags={LANE_TAG: DEPLOY_LANE}))
     if not requests:
         return dg.SkipReason("; ".join(busy) or "no target registered yet (the sensor registers them)")
     return requests

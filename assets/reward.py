@@ -5,6 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
+from assets.pools import REWARDS_POOL
 from assets.resources import LakeResource
 from pipelines.reward.checks import BOUNDS, DRIFT, UNLABELLED, CheckLimits, evaluate
 from pipelines.reward.engine import run_rewards
@@ -39,6 +40,9 @@ def settled_means(settled) -> tuple[float | None, dict[str, dict]]:
     deps=["lake_events"],
     group_name="reward",
     kinds={"duckdb", "parquet"},
+    # One settling pass at a time across every run (assets/pools.py): each pass settles every
+    # target's turns, so two loop runs at once do the work once, the second finding nothing new.
+    pool=REWARDS_POOL,
     description="Per-turn rewards (explicit and implicit feedback, session outcomes, tool-call outcomes) "
                 "from the lake, by a versioned per-tenant/task spec. Only new events are read each run; a "
                 "turn is written once, when it settles; later events land in reward_corrections.",
@@ -88,6 +92,11 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
             "orphans_pending": r.orphans_pending,
             "corrections": dg.MetadataValue.json(r.corrections),
             "spec_versions": dg.MetadataValue.json(r.spec_versions),
+            # how each hindsight signal (the next user message) agreed with the votes on the same turns
+            "hindsight_vs_votes": dg.MetadataValue.json(
+                {kind: {"turns": a.count, "agree": a.agree, "accuracy": _rounded(a.accuracy),
+                        "accuracy_low": _rounded(a.accuracy_low), "suggested_weight": _rounded(a.weight)}
+                 for kind, a in r.hindsight_calibration.items()}),
             "seconds": round(r.seconds, 2),
         },
         check_results=[
@@ -115,3 +124,8 @@ reward_schedule = dg.ScheduleDefinition(
 reward_assets = [turn_rewards]
 reward_jobs = [reward_job]
 reward_schedules = [reward_schedule]
+
+
+def _rounded(x: float) -> float | None:
+    """3 decimals for the UI; None for NaN (no turn to measure), which JSON cannot carry."""
+    return None if x != x else round(x, 3)

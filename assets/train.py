@@ -5,21 +5,23 @@ Not enough new settled turns (`learner.min_new_turns`): nothing materializes, th
 skipped in that run. The job, sensor and schedule that run it are in assets/loop.py.
 
 Learners for different targets run side by side, each in its own run (a process under
-`dagster dev`, a pod under the K8sRunLauncher): the asset is in the `learner` concurrency pool,
-whose limit (`concurrency.pools.default_limit` in dagster_home/dagster.yaml) caps how many train
-at once across every run, the loop's and `learner_job`'s alike; the rest of a run (ingest, rewards,
-the gate) is not held up. `learner_job` trains one target; a backfill over targets trains many.
+`dagster dev`, a pod under the K8sRunLauncher): the asset is in the `learner` concurrency pool
+(assets/pools.py; limit 2, set on the instance), which caps how many train at once across every
+run, the loop's and `learner_job`'s alike. A learner waiting for a slot holds up only its own run:
+ingest, rewards and the gate are other pools, and the run queue is not the limit (learner runs
+carry the `tracerl/lane` tag the queue caps below its total). `learner_job` trains one target; a
+backfill over targets trains many.
 """
 
 import dagster as dg
 
+from assets.pools import LANE_TAG, LEARNER_LANE, LEARNER_POOL
 from assets.resources import LakeResource, MlflowResource
 from assets.targets import CANDIDATE_TAG, OUTCOME_TAG, REASON_TAG, parse_target, tag_run, targets
 from pipelines.adapters.version import label
 from pipelines.train.run import run_learner
 
 NO_CANDIDATE = "no_candidate"
-LEARNER_POOL = "learner"  # the only concurrency pool: its limit is the instance's pools.default_limit
 # the learner's last-step metrics, plotted per partition in the UI (reward_mean: that step's batch)
 _NUMERIC = ("loss", "kl", "reward_mean", "clip_frac", "tokens_per_s")
 
@@ -94,6 +96,7 @@ def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlf
 
 learner_job = dg.define_asset_job(
     "learner_job", selection=[candidate_adapter],  # partitioned by targets, as its asset
+    tags={LANE_TAG: LEARNER_LANE},
     description="Train a candidate adapter for one tenant/task (the partition) on the rewards already "
                 "settled, without ingest, the gate or a deployment: a backfill over targets trains them in "
                 "parallel, as many at once as the `learner` concurrency pool allows.")

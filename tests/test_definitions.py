@@ -45,7 +45,7 @@ def test_checks(graph):
         return dg.AssetCheckKey(dg.AssetKey(asset), name)
 
     assert set(graph.asset_check_keys) == {
-        key("lake_events", "quarantine_rate"), key("lake_events", "no_internal_errors"),
+        key("lake_events", "quarantine_rate"), key("lake_events", "no_internal_errors"), key("lake_events", "lake_lag"),
         key("turn_rewards", "unlabelled_share"), key("turn_rewards", "reward_bounds"),
         key("turn_rewards", "component_drift"),
         key("promotion", "no_contamination"),  # a gate rejection is an outcome, not a check
@@ -79,7 +79,9 @@ def test_no_freshness_where_quiet_periods_are_normal(graph):
 
 def test_schedules_sensors_and_jobs(repo):
     assert {s.name for s in repo.schedule_defs} == {
-        "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly", "lake_vacuum_daily"}
+        "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly", "lake_vacuum_daily",
+        "lake_lag_every_5_minutes"}
+    assert repo.get_schedule_def("lake_lag_every_5_minutes").job_name == "lake_lag_job"
     assert {s.name: s.job_name for s in repo.sensor_defs} == {
         "enough_new_turns": "closed_loop_job", "approved_challengers": "approval_job",
         "canary_settling": "canary_job"}
@@ -99,14 +101,31 @@ def test_schedules_sensors_and_jobs(repo):
     assert defs.resolve_job_def("learner_job").partitions_def is not None  # one target per run, a backfill for many
 
 
-def test_the_learner_is_the_one_concurrency_pool_and_the_instance_limits_it(repo):
-    """dagster.yaml's pools.default_limit is the learners' limit only while `learner` is the only pool."""
+def test_the_scarce_steps_are_in_pools_and_the_run_queue_is_not_the_limit(repo):
+    """Learner and gate CPU is what is scarce, not runs (issue #40): the learner, the gate, and the
+    shared ingest and reward steps are in pools, wherever they run; the instance's run queue admits
+    more runs than the training lane may hold, so loops waiting for the learner never take the run
+    slots ingest and rewards need."""
     import yaml
 
+    from assets.pools import LANE_TAG, LEARNER_LANE, LIMITS
+
     pools = {n.name: set(n.pools) for j in repo.get_all_jobs() for n in j.graph.node_defs if n.pools}
-    assert pools == {"candidate_adapter": {"learner"}}
-    instance = yaml.safe_load((Path(__file__).parents[1] / "dagster_home" / "dagster.yaml").read_text())
-    assert instance["concurrency"]["pools"]["default_limit"] >= 2  # two targets can train at once
+    assert pools == {"candidate_adapter": {"learner"}, "promotion": {"gate"}, "lake_events": {"ingest"},
+                     "turn_rewards": {"rewards"}}
+    for job in ("closed_loop_job", "learner_job"):  # the runs that train are in the capped lane
+        assert repo.get_job(job).run_tags[LANE_TAG] == LEARNER_LANE, job
+    for job in ("ingest_job", "reward_job"):
+        assert LANE_TAG not in repo.get_job(job).run_tags, job
+
+    concurrency = yaml.safe_load((Path(__file__).parents[1] / "dagster_home" / "dagster.yaml").read_text())["concurrency"]
+    assert concurrency["pools"]["granularity"] == "op"  # a loop run's waiting learner holds only itself
+    assert concurrency["pools"]["default_limit"] == 1  # ingest, rewards, gate: one step at a time
+    assert LIMITS == {"learner": 2}  # two targets train at once (set on the instance, assets/pools.py)
+    limits = {(t["key"], str(t.get("value"))): t["limit"] for t in concurrency["runs"]["tag_concurrency_limits"]}
+    lane = limits[(LANE_TAG, LEARNER_LANE)]
+    assert lane >= LIMITS["learner"] + 1  # the learners and a gate busy at once
+    assert concurrency["runs"]["max_concurrent_runs"] >= lane + 4  # room for ingest, rewards, lag, a canary
 
 
 def test_targets_are_partitions_of_the_per_target_assets(graph):

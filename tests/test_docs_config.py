@@ -27,14 +27,19 @@ def test_tracerl_toml_is_ignored_by_git_as_the_docs_say():
 
 
 def test_the_kubernetes_values_keep_the_local_instance_s_concurrency_rules():
-    """docs/k8s/dagster-values.yaml is the cluster's dagster.yaml: the same learner pool limit and
-    one run per target as dagster_home/dagster.yaml (what the local tests show holding)."""
+    """docs/k8s/dagster-values.yaml is the cluster's dagster.yaml: the same pools, run queue, one run
+    per target and slot clean-up as dagster_home/dagster.yaml (what the local tests show holding)."""
     import yaml
 
-    local = yaml.safe_load((ROOT / "dagster_home" / "dagster.yaml").read_text())["concurrency"]
+    instance = yaml.safe_load((ROOT / "dagster_home" / "dagster.yaml").read_text())
+    local = instance["concurrency"]
     values = yaml.safe_load((ROOT / "docs" / "k8s" / "dagster-values.yaml").read_text())
     chart = values["concurrency"]
     assert chart["pools"]["defaultLimit"] == local["pools"]["default_limit"]
+    assert chart["pools"]["granularity"] == local["pools"]["granularity"]
+    monitoring = values["dagsterDaemon"]["runMonitoring"]
+    assert monitoring["enabled"] and instance["run_monitoring"]["enabled"]
+    assert monitoring["freeSlotsAfterRunEndSeconds"] == instance["run_monitoring"]["free_slots_after_run_end_seconds"]
     assert chart["runs"]["maxConcurrentRuns"] == local["runs"]["max_concurrent_runs"]
     assert chart["runs"]["tagConcurrencyLimits"] == local["runs"]["tag_concurrency_limits"]
     assert values["runLauncher"]["type"] == "K8sRunLauncher"

@@ -5,12 +5,15 @@ ticks the schedules and sensors, so the loop turns by itself. It is started in i
 process group and stopped by signalling that group, which is what `set -m` gives a
 shell (without it, SIGTERM does not reach the children). `DAGSTER_HOME` is the repo's
 `dagster_home/` unless the environment names another. Dagster reads tracerl's settings, the
-reward spec included, from the same configuration as the CLI that started it.
+reward spec included, from the same configuration as the CLI that started it. Before it starts,
+`python -m assets.pools` sets the concurrency pools' limits that dagster.yaml cannot hold (the
+learner's) on that instance, keeping any an operator set.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,6 +47,9 @@ def start_dagster(cfg: TracerlConfig, port: int | None = None, timeout: float = 
     env.pop("TRACERL_REWARD_SPEC", None)
     if reward_spec is not None:
         env["TRACERL_REWARD_SPEC"] = str(reward_spec)
+    # the pools' limits, on the instance (assets/pools.py): a subprocess, pipelines never imports Dagster
+    subprocess.run([sys.executable, "-m", "assets.pools"], env=env, cwd=REPO, check=True, timeout=120,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     dagster = Path(sys.executable).parent / "dagster"
     state = process.spawn(
         NAME, [str(dagster), "dev", "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],

@@ -48,7 +48,8 @@ def test_loop_command_runs_the_job_and_prints_the_outcome(loop_home, capsys):
     assert run.tags["tracerl/outcome"] == "no_candidate"
     assert instance.get_dynamic_partitions("targets") == ["acme/concise"]
     steps = {e.step_key for e in instance.all_logs(run.run_id) if e.dagster_event and e.dagster_event.is_step_success}
-    assert steps == {"raw_events", "lake_events", "turn_rewards", "candidate_adapter"}  # nothing to gate
+    assert steps == {"raw_events", "lake_events", "lake_events_lake_lag", "turn_rewards",
+                     "candidate_adapter"}  # nothing to gate
 
 
 def test_a_failed_run_exits_1_and_names_the_step(loop_home, capsys, monkeypatch):

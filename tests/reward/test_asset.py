@@ -98,3 +98,20 @@ def test_spec_path_reaches_the_rows(tmp_path, spec_text, expect):
                                 "spec_path": str(path), "now": (START + timedelta(days=1)).isoformat()}}}})
     versions = result.asset_materializations_for_node("turn_rewards")[0].metadata["spec_versions"].value
     assert len(versions) == 1 and versions[0].startswith(expect), json.dumps(versions)
+
+
+def test_the_run_shows_how_hindsight_agreed_with_the_votes(tmp_path):
+    """A thumbs-down reply followed by a complaint, and one followed by thanks: the metadata says,
+    per hindsight kind, on how many voted turns it agreed with the vote."""
+    q, a = "How do I reset my router password?", "Hold the reset button for ten seconds."
+    events = []
+    for trace, nxt, vote in (("c", "That's wrong, the button does nothing.", -1), ("t", "Thanks, that worked!", -1)):
+        events += [turn(f"{trace}-1", 0, 0, text=a, user=q, trace_id=trace),
+                   turn(f"{trace}-2", 1, 60, user=nxt, trace_id=trace),
+                   fb(f"{trace}-1", "thumbs", value=vote, trace_id=trace)]
+    land(tmp_path / "lake", events)
+    meta, _ = materialize(tmp_path, START + timedelta(days=1))
+    agreement = meta["hindsight_vs_votes"].value
+    assert agreement["complaint"]["turns"] == 1 and agreement["complaint"]["agree"] == 1
+    assert agreement["thanks"]["turns"] == 1 and agreement["thanks"]["agree"] == 0
+    assert agreement["reask"]["turns"] == 0 and agreement["reask"]["accuracy"] is None
