@@ -84,7 +84,14 @@ def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlf
         "branch_base": r.branch_base if r.branch_base is not None else dg.MetadataValue.null(),
         "branch_depth": r.branch_depth,
         "reset_reason": r.reset_reason or "",
+        # the new turns by where their label came from (learner.reward_model: the model's)
+        "labelled_turns": r.metrics.get("labelled_turns", r.new_turns),
+        "model_labelled_turns": r.metrics.get("model_labelled_turns", 0),
     }
+    if "reward_model.reason" in r.metrics:  # the reward model's worth on held-out votes, and its verdict
+        metadata["reward_model"] = dg.MetadataValue.json(
+            {k.removeprefix("reward_model."): round(v, 4) if isinstance(v, float) else v
+             for k, v in r.metrics.items() if k.startswith("reward_model.")})
     reward = new_turns_reward(lake, tenant, task, r.adapter_version)
     if reward is not None:
         metadata["new_turns_reward"] = dg.MetadataValue.float(reward)

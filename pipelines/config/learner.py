@@ -28,6 +28,13 @@ class LearnerConfig:
     replay_half_life: float = 2.0        # weight 0.5 ** (age / half_life), age in learner iterations since
                                          # first use: the policy moved on, old evidence counts less
     replay_min_weight: float = 0.1       # below this weight a turn leaves the pool (age > ~6.6 at half-life 2)
+    # The reward model (pipelines/reward/model.py, docs/learning.md): a probe fitted each iteration on
+    # the target's labelled turns labels the unlabelled ones it is confident about. Off until its
+    # proof under realistic users lands (issue #41).
+    reward_model: bool = False
+    reward_model_window: int = 2000      # the most recent labelled turns it is fitted on
+    reward_model_min_auroc: float = 0.65  # refused below this AUROC on held-out explicit votes
+    reward_model_min_confidence: float = 0.5  # a prediction labels a turn only at |2p - 1| >= this
 
     def __post_init__(self) -> None:
         for name in ("min_new_turns", "max_turns", "branch_max_depth", "replay_max_uses"):
@@ -40,5 +47,10 @@ class LearnerConfig:
                              f"use a large value to never reset on KL)")
         if not self.replay_half_life > 0:
             raise ValueError(f"learner.replay_half_life={self.replay_half_life!r} must be > 0 iterations")
+        if not (self.reward_model_window >= 10 and 0.5 <= self.reward_model_min_auroc <= 1
+                and 0 <= self.reward_model_min_confidence <= 1):
+            raise ValueError(f"learner.reward_model_*: window {self.reward_model_window!r} must be >= 10, "
+                             f"min_auroc {self.reward_model_min_auroc!r} in [0.5, 1], "
+                             f"min_confidence {self.reward_model_min_confidence!r} in [0, 1]")
         if not 0 < self.replay_min_weight <= 1:
             raise ValueError(f"learner.replay_min_weight={self.replay_min_weight!r} must be in (0, 1]")

@@ -106,6 +106,8 @@ class RewardModel:
         """Fit on the labelled turns and score on held-out explicit votes; never raises on data that
         cannot fit (too few labels of a class): the report says so and the model stays unusable."""
         from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
 
         c = self.config
         self._clf = None
@@ -126,9 +128,11 @@ class RewardModel:
             self.report = FitReport(False, "the turns left to fit on after the hold-out are of one class",
                                     positives=positives)
             return self.report
-        clf = LogisticRegression(C=1.0 / c.l2, class_weight="balanced", max_iter=1000)
+        # standardized first: hidden units differ in scale by orders of magnitude, and an L2 prior on
+        # raw units would flatten every prediction toward 0.5 (no confident label from a real signal)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0 / c.l2, class_weight="balanced", max_iter=1000))
         clf.fit(np.stack([e.features for e in train]), [e.liked for e in train],
-                sample_weight=[e.weight for e in train])
+                logisticregression__sample_weight=[e.weight for e in train])
         self._clf = clf
         report = FitReport(False, "", n_train=len(train), n_holdout=len(holdout), positives=positives)
         if holdout:

@@ -54,8 +54,9 @@ class LearnerResult:
     reset_reason: str | None = None  # why the branch head was not continued
 
 
-def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -> list[TrainTurn]:
-    """Settled, labelled turns of tenant/task that no adapter has trained on, oldest first.
+def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int, labelled: bool = True) -> list[TrainTurn]:
+    """Settled, labelled turns of tenant/task that no adapter has trained on, oldest first
+    (``labelled=False``: the settled turns nobody labelled, for the reward model to label).
 
     Turns with identical input messages form a group (several samples of one prompt). A turn
     marked ``train = false`` (eval traffic, no consent: ``X-Tracerl-Train: false`` at the
@@ -69,13 +70,13 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -
         SELECT t.turn_id, t.task, t.prompt_token_ids, t.input_messages::VARCHAR, t.output_token_ids,
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
-        WHERE r.settled AND r.labelled AND t.train AND t.tenant = ? AND t.task = ?
+        WHERE r.settled AND r.labelled = ? AND t.train AND t.tenant = ? AND t.task = ?
           AND NOT ({held_back_sql(holdout)})
           AND t.turn_id NOT IN (SELECT l.turn_id FROM {ledger_source(con, cfg.table_store)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
-        ORDER BY t.event_time LIMIT ?""", [tenant, task, tenant, task, limit]).fetchall()
+        ORDER BY t.event_time LIMIT ?""", [labelled, tenant, task, tenant, task, limit]).fetchall()
     return [TrainTurn(turn_id=r[0], task=r[1], prompt_token_ids=r[2], input_messages=json.loads(r[3]),
-                      output_token_ids=r[4], output_text=r[5], behaviour_logprobs=r[6], reward=float(r[7]),
+                      output_token_ids=r[4], output_text=r[5], behaviour_logprobs=r[6], reward=float(r[7] or 0.0),
                       group_id=r[8], adapter_version=r[9]) for r in rows]
 
 
@@ -112,6 +113,19 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     if len(turns) < lc.min_new_turns:  # replay alone never triggers a run
         result.reason = f"{len(turns)} new settled turns < learner.min_new_turns={lc.min_new_turns}"
         return result
+    base = resolve_base_model(cfg.train.base_model, cfg.home)
+    labelled_turns, rm_report, model_turns = len(turns), None, []
+    if lc.reward_model:  # the unlabelled turns the reward model labels confidently (labels.py)
+        from pipelines.train.labels import model_labelled
+
+        unlabelled, unlabelled_excluded = exclude_eval_turns(
+            new_training_turns(cfg, tenant, task, limit=lc.max_turns, labelled=False), hashes)
+        if unlabelled_excluded:
+            record_ledger(cfg.table_store, tenant, task, [t.turn_id for t in unlabelled_excluded], 0)
+        result.excluded_eval_turns += len(unlabelled_excluded)
+        model_turns, rm_report = model_labelled(cfg, tenant, task, base, unlabelled)
+        turns = turns + model_turns
+        result.new_turns = len(turns)
     # replay: re-checked against today's suites (an item added since the first use leaves the pool)
     pool, replay_excluded = exclude_eval_turns(replay_pool(cfg, tenant, task), hashes, lambda p: p.turn.input_messages)
     replayed = prioritize(pool, lc.replay_turns)
@@ -131,7 +145,6 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     bp = choose_parent(store, tenant, task, champion_n, enabled=lc.branch, max_kl=lc.branch_max_kl,
                        max_depth=lc.branch_max_depth, registry_tags=registry_tags)
     parent_n = bp.parent_version
-    base = resolve_base_model(cfg.train.base_model, cfg.home)
     base_hash = base_model_hash(base)
     ref_key = ReferenceKey(base_hash, place(cfg.train).precision)
     kept_refs = read_reference(cfg.table_store, tenant, task, ref_key, [t.turn_id for t in batch])
@@ -143,19 +156,34 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                           task_baselines=bp.task_baselines or None, optimizer_state=bp.optimizer_state,
                           reference=kept_refs)
         window = {"turns": len(turns), "replayed_turns": len(replayed), "trained_turns": len(step.turn_ids),
+                  # new turns by where their label came from: the reward stage's, or the reward model's
+                  "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns),
                   "excluded_eval_turns": result.excluded_eval_turns,
                   "turn_ids": [t.turn_id for t in turns], "replayed_turn_ids": [p.turn.turn_id for p in replayed],
                   "first_turn": turns[0].turn_id, "last_turn": turns[-1].turn_id}
         tags = {"tenant": tenant, "task": task, "parent_version": parent_n or "base",
                 "base_model": cfg.train.base_model, "reward_spec_version": ",".join(spec_versions), **bp.tags()}
         metrics = {**(step.steps[-1] if step.steps else {}),
-                   **{k: v for k, v in replay.items() if k.startswith("replay.")}}
+                   **{k: v for k, v in replay.items() if k.startswith("replay.")},
+                   "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns)}
+        if rm_report is not None:
+            from pipelines.train.labels import report_metrics
+
+            metrics.update(report_metrics(rm_report, len(model_turns)))
+            metrics["reward_model.reason"] = rm_report.reason
         with tracking.run(cfg, f"learner {tenant}/{task}", tags={**tags, "tracerl.stage": "learner"},
                           params={"train": cfg.train.to_dict(), "learner": lc.__dict__}, started=started) as run:
             _log_window(cfg, tenant, task, window, spec_versions)
             for i, m in enumerate(step.steps):
                 mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float))}, step=i)
             mlflow.log_metrics({k: v for k, v in replay.items() if k.startswith("replay.")})
+            if rm_report is not None:
+                from dataclasses import asdict
+
+                from pipelines.train.labels import report_metrics
+
+                mlflow.log_metrics(report_metrics(rm_report, len(model_turns)))
+                mlflow.log_dict(asdict(rm_report), "reward_model.json")  # with the reliability table
             mlflow.log_dict({**step.summary, "replay": replay, "branch": bp.meta()}, "summary.json")
             version = store.publish(tenant, task, step.adapter_dir, {
                 "parent_version": parent_n, "base_model_hash": base_hash,

@@ -1,0 +1,85 @@
+"""Turns nobody labelled, labelled by the reward model (`pipelines/reward/model.py`), for one learner
+iteration of one tenant/task (`learner.reward_model`).
+
+The probe is fitted again each iteration on the target's most recent labelled turns (a vote, an
+implicit signal, hindsight: the reward stage's `labelled`), scored on held-out explicit votes and
+refused below `learner.reward_model_min_auroc`. Where it is usable, each settled unlabelled turn
+it is confident about (`|2p - 1| >= reward_model_min_confidence`) trains with reward +-1 and that
+confidence as its loss weight; the rest stay untrained (and stay new: a late label may still come).
+A turn's real label always wins: only turns the rewards table calls unlabelled are considered.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import TracerlConfig
+from pipelines.lake.query import connect
+from pipelines.reward.model import Example, FitReport, RewardModel, RewardModelConfig, combine, features
+from pipelines.train.batch import TrainTurn
+
+
+def labelled_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[list[dict], str, bool, bool]]:
+    """(input messages, reply, liked, explicit) of the target's most recent settled labelled turns
+    whose total is not 0 (a 0 says neither liked nor disliked)."""
+    con = connect(cfg.lake, cfg.table_store)
+    rows = con.execute("""
+        SELECT t.input_messages::VARCHAR, t.output_text, r.total,
+               (r.thumbs IS NOT NULL OR r.rating IS NOT NULL) AS explicit
+        FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
+        WHERE r.settled AND r.labelled AND r.total <> 0 AND t.tenant = ? AND t.task = ?
+        QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
+        ORDER BY t.event_time DESC LIMIT ?""", [tenant, task, cfg.learner.reward_model_window]).fetchall()
+    return [(json.loads(r[0]) if r[0] else [], r[1] or "", r[2] > 0, bool(r[3])) for r in rows]
+
+
+def turn_text(tokenizer: Any, messages: list[dict], reply: str) -> str:
+    """What the probe reads: the conversation and the reply as the model saw and wrote them."""
+    convo = [m for m in messages if isinstance(m, dict)] + [{"role": "assistant", "content": reply}]
+    try:
+        return tokenizer.apply_chat_template(convo, tokenize=False)
+    except Exception:  # noqa: BLE001 - no chat template, or messages it refuses: plain text
+        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in convo)
+
+
+def model_labelled(cfg: TracerlConfig, tenant: str, task: str, base: Path,
+                   unlabelled: list[TrainTurn]) -> tuple[list[TrainTurn], FitReport]:
+    """The unlabelled turns the reward model labels confidently (reward +-1, weight = confidence),
+    and the model's report (usable or not, and why)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lc = cfg.learner
+    labelled = labelled_examples(cfg, tenant, task)
+    model = RewardModel(RewardModelConfig(min_auroc=lc.reward_model_min_auroc,
+                                          min_confidence=lc.reward_model_min_confidence, seed=cfg.train.seed))
+    if not labelled:
+        return [], FitReport(False, "no labelled turns of this target yet")
+    tok = AutoTokenizer.from_pretrained(base)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    lm = AutoModelForCausalLM.from_pretrained(base)
+    x = features(lm, tok, [turn_text(tok, m, reply) for m, reply, _, _ in labelled])
+    report = model.fit([Example(x[i], liked, explicit) for i, (_, _, liked, explicit) in enumerate(labelled)])
+    if not report.usable or not unlabelled:
+        return [], report
+    probs = model.predict(features(lm, tok, [turn_text(tok, t.input_messages or [], t.output_text)
+                                             for t in unlabelled]))
+    out = []
+    for t, p in zip(unlabelled, probs):
+        reward, weight, source = combine(None, float(p), lc.reward_model_min_confidence)
+        if source == "model":
+            out.append(replace(t, reward=reward, weight=max(weight, 1e-3)))
+    return out, report
+
+
+def report_metrics(report: FitReport, model_labelled_turns: int) -> dict[str, float]:
+    """The report as MLflow metrics (what was not measured is left out)."""
+    m = {"reward_model.usable": float(report.usable), "reward_model.auroc": report.auroc,
+         "reward_model.ece": report.ece, "reward_model.train_turns": float(report.n_train),
+         "reward_model.holdout_turns": float(report.n_holdout), "reward_model.positives": float(report.positives),
+         "reward_model.labelled_turns": float(model_labelled_turns)}
+    return {k: v for k, v in m.items() if v == v}
+

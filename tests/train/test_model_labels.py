@@ -1,0 +1,107 @@
+"""The learner trains on turns nobody labelled once the reward model labels them (learner.reward_model):
+a probe fitted on the target's voted turns, scored on held-out votes, labels the unlabelled turns it
+is confident about, the learner trains on them with that confidence as weight and records how many
+came from where. Off (the default), an unlabelled turn never trains.
+
+Real lake, real reward engine, the tiny Llama's hidden states, real MLflow (sqlite)."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import duckdb
+import pytest
+
+from pipelines.config import TracerlConfig
+from pipelines.config.train import OptimizerSettings, TrainConfig
+from pipelines.contract.events import Message, ModelTurn
+from pipelines.lake.ledger import ledger_source
+from pipelines.models.registry import resolve_base_model
+from pipelines.models.tiny import make_tiny_llama
+from pipelines.reward.engine import run_rewards
+from pipelines.train.labels import model_labelled
+from pipelines.train.run import new_training_turns, run_learner
+from tests.reward.reward_lake import ENV, at, fb, land, now
+
+TENANT, TASK = ENV["tenant"], ENV["task"]
+MARK = " 42 42 42"  # what these users like, whatever else the reply says
+WORDS = "the cat sat on a mat and the dog ran to the park with a ball".split()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("models") / "tiny", seed=0, warmup_steps=0)
+
+
+def _config(home, tiny) -> TracerlConfig:
+    cfg = TracerlConfig(home=home)
+    cfg.gate.suites_dir = str(home / "evals")
+    cfg.train = TrainConfig(base_model=str(tiny), seed=0,
+                            optimizer=OptimizerSettings(lr=1e-3, steps_per_iteration=1, micro_batch_size=8))
+    cfg.learner.min_new_turns, cfg.learner.max_turns = 4, 64
+    return cfg
+
+
+def _land(cfg: TracerlConfig, vote) -> None:
+    """56 turns, half of them with the mark; the first 32 voted `vote(marked)`, the rest unlabelled."""
+    rng, events = random.Random(0), []
+    for i in range(56):
+        marked, voted = i % 2 == 0, i < 32
+        tid, trace = f"t{i}", f"tr-{i}"
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 10))) + (MARK if marked else "")
+        events.append(ModelTurn(**{**ENV, "trace_id": trace}, turn_id=tid, turn_index=0, event_time=at(i), model="m",
+                                input_messages=[Message(role="user", content=f"tell me something ({i})")],
+                                output_text=text))
+        if voted:
+            events.append(fb(tid, "thumbs", t=i + 1, value=vote(marked), trace_id=trace))
+    land(cfg.lake, events)
+    run_rewards(cfg.lake, now=now(0) + timedelta(days=2))
+
+
+@pytest.fixture
+def cfg(tmp_path, tiny) -> TracerlConfig:
+    cfg = _config(tmp_path / "home", tiny)
+    _land(cfg, lambda marked: 1 if marked else -1)
+    return cfg
+
+
+def _trained(cfg) -> set[str]:
+    con = duckdb.connect()
+    return {r[0] for r in con.execute(f"SELECT turn_id FROM {ledger_source(con, cfg.table_store)} "
+                                      f"WHERE adapter_version > 0").fetchall()}
+
+
+def test_the_reward_model_labels_the_unlabelled_turns_it_is_sure_of_and_the_learner_records_it(cfg):
+    unlabelled = new_training_turns(cfg, TENANT, TASK, limit=100, labelled=False)
+    assert len(unlabelled) == 24 and len(new_training_turns(cfg, TENANT, TASK, limit=100)) == 32
+    cfg.learner.reward_model = True
+    turns, report = model_labelled(cfg, TENANT, TASK, resolve_base_model(cfg.train.base_model, cfg.home), unlabelled)
+    assert report.usable and report.auroc >= 0.65 and report.n_holdout > 0, report
+    assert len(turns) >= 12  # most of them, confidently
+    assert all(t.reward == (1.0 if t.output_text.endswith(MARK) else -1.0) for t in turns)  # the right sign
+    assert all(0 < t.weight <= 1 for t in turns)
+
+    r = run_learner(cfg, TENANT, TASK)
+    assert r.status == "trained"
+    assert r.metrics["labelled_turns"] == 32 and r.metrics["model_labelled_turns"] == len(turns)
+    assert r.metrics["reward_model.usable"] == 1.0 and r.metrics["reward_model.auroc"] >= 0.65
+    assert r.new_turns == 32 + len(turns)
+    assert {t.turn_id for t in turns} <= _trained(cfg)
+
+
+def test_off_by_default_an_unlabelled_turn_never_trains(cfg):
+    r = run_learner(cfg, TENANT, TASK)
+    assert r.status == "trained" and r.metrics["model_labelled_turns"] == 0 and r.new_turns == 32
+    assert "reward_model.reason" not in r.metrics
+    assert not any(t.startswith("t") and int(t[1:]) >= 32 for t in _trained(cfg))
+
+
+def test_a_model_that_cannot_be_fitted_labels_nothing_and_says_why(tmp_path, tiny):
+    """Every vote so far disliked: no positives yet. The iteration still trains on its labelled turns."""
+    cfg = _config(tmp_path / "home", tiny)
+    _land(cfg, lambda marked: -1)
+    cfg.learner.reward_model = True
+    r = run_learner(cfg, TENANT, TASK)
+    assert r.status == "trained" and r.metrics["model_labelled_turns"] == 0 and r.new_turns == 32
+    assert r.metrics["reward_model.usable"] == 0.0 and "nothing to learn from yet" in r.metrics["reward_model.reason"]
