@@ -87,6 +87,9 @@ def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlf
         # the new turns by where their label came from (learner.reward_model: the model's)
         "labelled_turns": r.metrics.get("labelled_turns", r.new_turns),
         "model_labelled_turns": r.metrics.get("model_labelled_turns", 0),
+        "turns_by_source": dg.MetadataValue.json({k.removeprefix("turns."): v for k, v in r.metrics.items()
+                                                  if k.startswith("turns.")}),
+        "coverage": dg.MetadataValue.float(float(r.metrics.get("coverage", 0.0))),  # of the new settled turns
     }
     if "reward_model.reason" in r.metrics:  # the reward model's worth on held-out votes, and its verdict
         metadata["reward_model"] = dg.MetadataValue.json(

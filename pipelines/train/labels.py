@@ -75,6 +75,25 @@ def model_labelled(cfg: TracerlConfig, tenant: str, task: str, base: Path,
     return out, report
 
 
+def label_sources(cfg: TracerlConfig, tenant: str, turn_ids: list[str]) -> dict[str, int]:
+    """How many of ``turn_ids`` (labelled turns) carry each kind of label, by the strongest they
+    have: ``explicit`` (a vote or rating), ``implicit`` (regenerate, follow-up, abandonment,
+    session, tool, an accepted or edited output), ``hindsight`` (only the next message said it)."""
+    import pyarrow as pa
+
+    con = connect(cfg.lake, cfg.table_store)
+    con.register("_ids", pa.table({"turn_id": turn_ids}))
+    row = con.execute("""
+        SELECT count(*) FILTER (WHERE thumbs IS NOT NULL OR rating IS NOT NULL),
+               count(*) FILTER (WHERE thumbs IS NULL AND rating IS NULL AND coalesce(
+                   output, regenerate, follow_up, abandon, session, tool, retries) IS NOT NULL),
+               count(*) FILTER (WHERE thumbs IS NULL AND rating IS NULL AND coalesce(
+                   output, regenerate, follow_up, abandon, session, tool, retries) IS NULL AND hindsight IS NOT NULL)
+        FROM (SELECT * FROM rewards WHERE settled AND tenant = ? AND turn_id IN (SELECT turn_id FROM _ids)
+              QUALIFY row_number() OVER (PARTITION BY turn_id ORDER BY reward_seq DESC) = 1)""", [tenant]).fetchone()
+    return {"explicit": row[0], "implicit": row[1], "hindsight": row[2]}
+
+
 def report_metrics(report: FitReport, model_labelled_turns: int) -> dict[str, float]:
     """The report as MLflow metrics (what was not measured is left out)."""
     m = {"reward_model.usable": float(report.usable), "reward_model.auroc": report.auroc,

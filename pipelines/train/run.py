@@ -115,6 +115,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
         return result
     base = resolve_base_model(cfg.train.base_model, cfg.home)
     labelled_turns, rm_report, model_turns = len(turns), None, []
+    unlabelled_new = len(new_training_turns(cfg, tenant, task, limit=1_000_000, labelled=False))
     if lc.reward_model:  # the unlabelled turns the reward model labels confidently (labels.py)
         from pipelines.train.labels import model_labelled
 
@@ -149,6 +150,12 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     ref_key = ReferenceKey(base_hash, place(cfg.train).precision)
     kept_refs = read_reference(cfg.table_store, tenant, task, ref_key, [t.turn_id for t in batch])
     spec_versions = _spec_versions(cfg, tenant, [t.turn_id for t in batch])
+    # the new turns by where their label came from, and the share of the new traffic they are
+    from pipelines.train.labels import label_sources
+
+    model_ids = {t.turn_id for t in model_turns}
+    by_source = {**label_sources(cfg, tenant, [t.turn_id for t in turns if t.turn_id not in model_ids]),
+                 "model": len(model_turns)}
     started = time.time()
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, bp.parent.path if bp.parent else None, batch, cfg.train, Path(tmp) / "adapter",
@@ -158,6 +165,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
         window = {"turns": len(turns), "replayed_turns": len(replayed), "trained_turns": len(step.turn_ids),
                   # new turns by where their label came from: the reward stage's, or the reward model's
                   "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns),
+                  "by_source": by_source, "coverage": round(len(turns) / max(1, labelled_turns + unlabelled_new), 4),
                   "excluded_eval_turns": result.excluded_eval_turns,
                   "turn_ids": [t.turn_id for t in turns], "replayed_turn_ids": [p.turn.turn_id for p in replayed],
                   "first_turn": turns[0].turn_id, "last_turn": turns[-1].turn_id}
@@ -165,7 +173,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                 "base_model": cfg.train.base_model, "reward_spec_version": ",".join(spec_versions), **bp.tags()}
         metrics = {**(step.steps[-1] if step.steps else {}),
                    **{k: v for k, v in replay.items() if k.startswith("replay.")},
-                   "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns)}
+                   "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns),
+                   **{f"turns.{k}": v for k, v in by_source.items()}, "coverage": window["coverage"]}
         if rm_report is not None:
             from pipelines.train.labels import report_metrics
 

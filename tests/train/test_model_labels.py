@@ -87,13 +87,17 @@ def test_the_reward_model_labels_the_unlabelled_turns_it_is_sure_of_and_the_lear
     assert r.metrics["labelled_turns"] == 32 and r.metrics["model_labelled_turns"] == len(turns)
     assert r.metrics["reward_model.usable"] == 1.0 and r.metrics["reward_model.auroc"] >= 0.65
     assert r.new_turns == 32 + len(turns)
+    # the records: every new turn by where its label came from, and the share of the new traffic
+    assert {k: v for k, v in r.metrics.items() if k.startswith("turns.")} == {
+        "turns.explicit": 32, "turns.implicit": 0, "turns.hindsight": 0, "turns.model": len(turns)}
+    assert r.metrics["coverage"] == pytest.approx((32 + len(turns)) / 56, abs=1e-4)
     assert {t.turn_id for t in turns} <= _trained(cfg)
 
 
 def test_off_by_default_an_unlabelled_turn_never_trains(cfg):
     r = run_learner(cfg, TENANT, TASK)
     assert r.status == "trained" and r.metrics["model_labelled_turns"] == 0 and r.new_turns == 32
-    assert "reward_model.reason" not in r.metrics
+    assert "reward_model.reason" not in r.metrics and r.metrics["coverage"] == pytest.approx(32 / 56, abs=1e-4)
     assert not any(t.startswith("t") and int(t[1:]) >= 32 for t in _trained(cfg))
 
 
