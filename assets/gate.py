@@ -119,6 +119,9 @@ def promotion(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: Mlf
         "baseline": str(d.get("baseline") or ""),
         "eval_items": d.get("items") or 0,
         "gate_seconds": round(float(d.get("seconds") or 0.0), 2),
+        # what the learner's learned reward predicted beside what the private evals measured (#41)
+        **{k: dg.MetadataValue.float(float(d[k])) if isinstance(d.get(k), (int, float)) else dg.MetadataValue.null()
+           for k in ("predicted_gain", "measured_gain")},
         **eval_metadata(d),
     }
     if d.get("mlflow_run_id"):

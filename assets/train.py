@@ -91,10 +91,11 @@ def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlf
                                                   if k.startswith("turns.")}),
         "coverage": dg.MetadataValue.float(float(r.metrics.get("coverage", 0.0))),  # of the new settled turns
     }
-    if "reward_model.reason" in r.metrics:  # the reward model's worth on held-out votes, and its verdict
-        metadata["reward_model"] = dg.MetadataValue.json(
-            {k.removeprefix("reward_model."): round(v, 4) if isinstance(v, float) else v
-             for k, v in r.metrics.items() if k.startswith("reward_model.")})
+    for signal in ("reward_model", "judge"):  # each learned signal's worth on held-out votes, and its verdict
+        if f"{signal}.reason" in r.metrics:
+            metadata[signal] = dg.MetadataValue.json(
+                {k.removeprefix(f"{signal}."): round(v, 4) if isinstance(v, float) else v
+                 for k, v in r.metrics.items() if k.startswith(f"{signal}.")})
     reward = new_turns_reward(lake, tenant, task, r.adapter_version)
     if reward is not None:
         metadata["new_turns_reward"] = dg.MetadataValue.float(reward)

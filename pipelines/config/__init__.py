@@ -10,8 +10,8 @@ services by configuration only: a `tracerl.toml` file (path in `TRACERL_CONFIG`,
     TRACERL_TABLES_URI           the lake's Delta tables on an object store, "s3://bucket/prefix"
     MLFLOW_TRACKING_URI          tracking store (unset = embedded SQLite)
 
-One module per section (kafka, ingest, mlflow, learner, train, gate, serve, gateway, reward), the
-tree in `tracerl.py` (with per tenant/task overrides, `TracerlConfig.for_target`), the loader in
+One module per section (kafka, ingest, mlflow, learner, train, gate, serve, gateway, reward, canary,
+judge), the tree in `tracerl.py` (with per tenant/task overrides, `TracerlConfig.for_target`), the loader in
 `load.py`, the one validator in `parse.py` (pydantic; why: see there). Nothing here imports a
 stage: the stages import their section from here. docs/configuration.md lists every setting.
 
@@ -28,6 +28,7 @@ Example `tracerl.toml`:
 from pipelines.config.gate import TESTS, GateConfig, SignatureConfig, gate_config
 from pipelines.config.gateway import GatewayConfig
 from pipelines.config.ingest import IngestConfig
+from pipelines.config.judge import JudgeConfig
 from pipelines.config.canary import CanaryConfig, Guardrail
 from pipelines.config.kafka import KAFKA_PASSTHROUGH, KafkaConfig
 from pipelines.config.learner import LearnerConfig
@@ -51,7 +52,7 @@ from pipelines.config.train import (
 __all__ = [
     "CanaryConfig", "ENV", "Guardrail", "KAFKA_PASSTHROUGH", "PER_TARGET", "TESTS", "ConfigError", "GateConfig",
     "GatewayConfig",
-    "IngestConfig", "KTOObjective", "KafkaConfig", "LearnerConfig", "LoraSettings", "MlflowConfig",
+    "IngestConfig", "JudgeConfig", "KTOObjective", "KafkaConfig", "LearnerConfig", "LoraSettings", "MlflowConfig",
     "Objective", "OptimizerSettings", "PolicyGradientObjective", "RewardConfig", "ServeConfig",
     "SignatureConfig", "StalenessSettings", "TableStore", "TablesConfig", "TracerlConfig", "TrainConfig", "gate_config", "load_config",
 ]

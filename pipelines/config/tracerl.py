@@ -1,7 +1,7 @@
 """``TracerlConfig``: the whole settings tree, and the effective settings of one tenant/task.
 
 Per-target settings: ``[targets."<tenant>"]`` and ``[targets."<tenant>/<task>"]`` hold partial
-``learner``, ``train``, ``gate``, ``reward`` and ``canary`` tables, deep-merged over the global sections:
+``learner``, ``train``, ``gate``, ``reward``, ``canary`` and ``judge`` tables, deep-merged over the global sections:
 tenant/task entry over tenant entry over global (``for_target``). They are checked when the config
 is built, by the same types, so an unknown key or a bad value in an override fails at load time.
 The other sections are process-wide: one broker, one lake, one tracking store, one vLLM and one
@@ -20,6 +20,7 @@ from pipelines.config.canary import CanaryConfig
 from pipelines.config.gate import GateConfig
 from pipelines.config.gateway import GatewayConfig
 from pipelines.config.ingest import IngestConfig
+from pipelines.config.judge import JudgeConfig
 from pipelines.config.kafka import KafkaConfig
 from pipelines.config.learner import LearnerConfig
 from pipelines.config.mlflow import MlflowConfig
@@ -30,7 +31,7 @@ from pipelines.config.tables import TableStore, TablesConfig
 from pipelines.config.train import TrainConfig
 from pipelines.contract.validate import IDENT
 
-PER_TARGET = ("learner", "train", "gate", "reward", "canary")  # sections a [targets."..."] entry may override
+PER_TARGET = ("learner", "train", "gate", "reward", "canary", "judge")  # sections a [targets."..."] entry may override
 
 
 @dataclass(config=SECTION)
@@ -50,7 +51,8 @@ class TracerlConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)
-    # "<tenant>" or "<tenant>/<task>" -> partial {learner, train, gate, reward, canary} tables (TOML-shaped)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    # "<tenant>" or "<tenant>/<task>" -> partial {learner, train, gate, reward, canary, judge} tables (TOML-shaped)
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

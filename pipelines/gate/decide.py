@@ -12,6 +12,7 @@ Guardrail suite (non-inferiority): fails if the drop may exceed its tolerance.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -148,3 +149,28 @@ def decide(verdicts: list[SuiteVerdict], gate: GateConfig, kl: float | None = No
         return Decision(HOLD, reasons + [f"review mode: waiting for tag {gate.approval_tag}=true on the version"] + notes,
                         verdicts, signatures, warnings)
     return Decision(PROMOTE, reasons + notes, verdicts, signatures, warnings)
+
+
+def predicted_vs_measured(predicted: float | None, predicted_se: float | None, verdicts: list[SuiteVerdict],
+                          confidence: float) -> tuple[float | None, str | None]:
+    """(the gain the private evals measured, a warning or None) beside the gain the learner's learned
+    reward predicted (pipelines/train/predicted_gain.py). Measured: the smallest primary delta
+    (promotion needs every primary). The warning says when the two disagree beyond their noise: the
+    prediction's one-sided lower bound is above 0 and above the evals' upper bound, the signature of a
+    learned reward over-optimised. Never changes the outcome: the gate decides on the evals."""
+    from statistics import NormalDist
+
+    primaries = [v for v in verdicts if v.role == "primary"]
+    if not primaries:
+        return None, None
+    v = min(primaries, key=lambda x: x.stats.delta)
+    measured = v.stats.delta
+    if predicted is None or not math.isfinite(predicted):
+        return measured, None
+    low = predicted - NormalDist().inv_cdf(confidence) * (predicted_se if predicted_se is not None else 0.0)
+    if not low > max(0.0, v.stats.high):
+        return measured, None
+    return measured, (f"reward model predicted {predicted:+.3f} (mean P(liked), the learner's in-sample estimate, "
+                      f"lower bound {low:+.3f}), private evals measured {measured:+.3f} on primary suite "
+                      f"{v.suite!r} (upper bound {v.stats.high:+.3f}): the evals rule out the gain its learned "
+                      f"reward predicts, which may be over-optimised")

@@ -66,27 +66,11 @@ def target_logprobs(base_model: Path, adapter_dir: Path | None, turns: Sequence[
                     micro_batch: int = 8) -> list[float]:
     """log π(y_i | x_i) per turn: the sum over its output tokens under ``adapter_dir`` on the base
     model (None: the base itself). Turns must carry their served token ids or texts."""
-    import torch
-
-    from pipelines.train.batch import collate, encode_turns
-    from pipelines.train.step import build_policy, micro_batch_key, output_logprobs
+    from pipelines.train.predicted_gain import sequence_logprobs
+    from pipelines.train.step import build_policy
 
     model, tokenizer = build_policy(base_model, adapter_dir, train, train.seed)
-    model.eval()
-    encoded, _ = encode_turns(turns, tokenizer)
-    if len(encoded) != len(turns):
-        raise ValueError(f"{len(turns) - len(encoded)} turn(s) without output tokens: nothing to score")
-    order = sorted(range(len(encoded)), key=lambda i: micro_batch_key(encoded[i]))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = [0.0] * len(encoded)
-    with torch.no_grad():
-        for k in range(0, len(order), micro_batch):
-            idx = order[k:k + micro_batch]
-            b = collate([encoded[i] for i in idx], pad)
-            sums = output_logprobs(model, b.input_ids, b.attention_mask, b.loss_mask).sum(1)
-            for i, v in zip(idx, sums.tolist()):
-                out[i] = float(v)
-    return out
+    return sequence_logprobs(model.eval(), tokenizer, turns, micro_batch)
 
 
 def estimate_from(logged: Sequence[LoggedTurn], target: Sequence[float], cc: CanaryConfig) -> Estimate:

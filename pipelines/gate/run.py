@@ -26,7 +26,7 @@ from pipelines.config import GateConfig, TracerlConfig, gate_config
 from pipelines.evals.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
 from pipelines.evals.scorers import ToolCall, judge_from
 from pipelines.evals.suites import Suite, load_suites, suite_problem
-from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite
+from pipelines.gate.decide import HOLD, PROMOTE, REJECT, Decision, judge_suite, predicted_vs_measured
 from pipelines.gate.decide import decide as decide_
 from pipelines.gate.evaluate import Backend, Samples, VllmBackend, sample_suite
 from pipelines.gate.live_estimate import offpolicy_verdict
@@ -54,6 +54,8 @@ class GateResult:
     canary: bool = False              # passed and entered the canary (challenger, status canary), not champion
     side_by_side: dict[str, list[Any]] | None = None  # recent real prompts, both models' replies (side_by_side.py)
     reused: dict[str, int] = field(default_factory=dict)  # eval replies taken from reply_cache, per arm
+    predicted_gain: float | None = None  # what the learner's learned reward predicted (the adapter's meta)
+    measured_gain: float | None = None   # what the private evals measured: the smallest primary delta
 
     @property
     def passed(self) -> bool:
@@ -104,6 +106,8 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
     result = GateResult(tenant, task, str(registry_version), baseline, Decision(REJECT, []))
     suites = load_suites(gate.suites_dir, tenant, task)
     store = AdapterStore(cfg.adapter_root)
+    learned = store.get(tenant, task, cand_av).meta.get("reward_model") or {}  # learner.reward_model's numbers
+    result.predicted_gain = learned.get("predicted_gain")
 
     # -- private evals are never trained on ------------------------------------------------
     hashes = hashes_of(suites)
@@ -162,6 +166,12 @@ def run_gate(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
                                    gate.n_bootstrap, gate.seed) if gate.signatures.enabled else [])
         result.decision = decide_(verdicts, gate, None if kl is None else float(kl), sigs)
         result.items = sum(len(s.items) for s in suites)
+        # the learned reward's prediction beside the evals' measure: said, never decided on
+        result.measured_gain, note = predicted_vs_measured(result.predicted_gain, learned.get("predicted_gain_se"),
+                                                           verdicts, gate.confidence)
+        if note:
+            result.decision.warnings.append(note)
+            result.decision.reasons.append(f"warning: {note}")
     if result.decision.outcome == PROMOTE and cfg.canary.enabled:
         _offpolicy(cfg, result, store.get(tenant, task, cand_av).path,
                    tag_version(champ) if champ is not None else None)
@@ -314,6 +324,9 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
                 ("offpolicy.low", op.low), ("offpolicy.high", op.high)) if np.isfinite(x)})
             mlflow.log_dict(op.to_dict(), "gate/offpolicy.json")
         mlflow.log_metrics({f"reused_replies.{arm}": float(n) for arm, n in result.reused.items()})
+        gains = {"predicted_gain": result.predicted_gain, "measured_gain": result.measured_gain}
+        mlflow.log_metrics({k: float(x) for k, x in gains.items() if x is not None})
+        vtags.update({f"tracerl.gate.{k}": f"{x:+.4f}" for k, x in gains.items() if x is not None})
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
         if result.side_by_side:
             mlflow.log_table(data=result.side_by_side, artifact_file="gate/side_by_side.json")
@@ -339,6 +352,10 @@ def _gate_section(cfg: TracerlConfig, result: GateResult, run_id: str, link_text
         lines += ["", "| suite | role | candidate | champion | delta | passed |", "|---|---|---|---|---|---|"]
         lines += [f"| {v.suite} | {v.role} | {v.stats.candidate_mean:.3f} | {v.stats.champion_mean:.3f} | "
                   f"{v.stats.delta:+.3f} | {'yes' if v.passed else 'no'} |" for v in d.verdicts]
+    if result.predicted_gain is not None:
+        measured = "not measured" if result.measured_gain is None else f"{result.measured_gain:+.3f}"
+        lines += ["", f"Learned reward: the learner's reward model predicted {result.predicted_gain:+.3f} "
+                      f"(mean P(liked)); the private evals measured {measured} (smallest primary delta)."]
     blocked = [sg.name for sg in d.signatures if sg.blocked]
     if blocked:
         lines += ["", f"Blocked by behaviour signatures: {', '.join(blocked)}."]
@@ -365,6 +382,7 @@ def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backen
                     "outcome": r.decision.outcome, "passed": r.passed, "reasons": r.decision.reasons,
                     "items": r.items, "seconds": r.seconds, "mlflow_run_id": r.run_id,
                     "warnings": r.decision.warnings, "canary": r.canary,
+                    "predicted_gain": r.predicted_gain, "measured_gain": r.measured_gain,
                     "offpolicy": _finite(r.offpolicy.to_dict()) if r.offpolicy is not None else None,
                     "suites": {v.suite: {"role": v.role, "candidate": v.stats.candidate_mean,
                                          "champion": v.stats.champion_mean, "delta": v.stats.delta,

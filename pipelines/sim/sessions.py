@@ -39,8 +39,8 @@ behaviour partial and noisy, with fields that are no-ops at their defaults:
 The tools family's app also runs every call the model made and reports its real outcome (a
 ToolCall event: ok / invalid_arguments / error), explicit vote or not.
 
-`Session` is the pure state machine both drivers share: `loop.py` steps many sessions in
-lockstep (one batched sample per turn) and emits events with TraceProducer; `traffic.py` runs
+`Session` is the pure state machine both drivers share: `offline.py` steps many sessions in
+lockstep (one batched sample per turn) and returns the events an app would emit; `traffic.py` runs
 one session per user thread through the gateway. Everything random comes from the session's own
 `random.Random`, so a seed reproduces the same users.
 """

@@ -4,8 +4,8 @@ iteration of one tenant/task (`learner.reward_model`).
 The probe is fitted again each iteration on the target's most recent labelled turns (a vote, an
 implicit signal, hindsight: the reward stage's `labelled`), scored on held-out explicit votes and
 refused below `learner.reward_model_min_auroc`. Where it is usable, each settled unlabelled turn
-it is confident about (`|2p - 1| >= reward_model_min_confidence`) trains with reward +-1 and that
-confidence as its loss weight; the rest stay untrained (and stay new: a late label may still come).
+it is confident about (`|2p - 1| >= reward_model_min_confidence`) trains with reward +1 (and -1 too
+with `reward_model_labels = "both"`) and that confidence as its loss weight; the rest stay untrained (and stay new: a late label may still come).
 A turn's real label always wins: only turns the rewards table calls unlabelled are considered.
 """
 
@@ -36,6 +36,19 @@ def labelled_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[
     return [(json.loads(r[0]) if r[0] else [], r[1] or "", r[2] > 0, bool(r[3])) for r in rows]
 
 
+def silent_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[list[dict], str]]:
+    """(input messages, reply) of the target's most recent settled turns with no signal at all:
+    no vote, regenerate, complaint, abandonment, hindsight (the reward stage's ``NOT labelled``)."""
+    con = connect(cfg.lake, cfg.table_store)
+    rows = con.execute("""
+        SELECT t.input_messages::VARCHAR, t.output_text
+        FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
+        WHERE r.settled AND NOT r.labelled AND t.tenant = ? AND t.task = ?
+        QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
+        ORDER BY t.event_time DESC LIMIT ?""", [tenant, task, cfg.learner.reward_model_window]).fetchall()
+    return [(json.loads(r[0]) if r[0] else [], r[1] or "") for r in rows]
+
+
 def turn_text(tokenizer: Any, messages: list[dict], reply: str) -> str:
     """What the probe reads: the conversation and the reply as the model saw and wrote them."""
     convo = [m for m in messages if isinstance(m, dict)] + [{"role": "assistant", "content": reply}]
@@ -61,16 +74,21 @@ def model_labelled(cfg: TracerlConfig, tenant: str, task: str, base: Path,
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     lm = AutoModelForCausalLM.from_pretrained(base)
-    x = features(lm, tok, [turn_text(tok, m, reply) for m, reply, _, _ in labelled])
-    report = model.fit([Example(x[i], liked, explicit) for i, (_, _, liked, explicit) in enumerate(labelled)])
+    # silence as weak evidence of a liked reply (positive-unlabelled), at learner.reward_model_silence_weight
+    silent = silent_examples(cfg, tenant, task) if lc.reward_model_silence_weight > 0 else []
+    rows = [(m, reply, liked, explicit, False) for m, reply, liked, explicit in labelled] + \
+        [(m, reply, True, False, True) for m, reply in silent]
+    x = features(lm, tok, [turn_text(tok, m, reply) for m, reply, *_ in rows], [r[1] for r in rows])
+    report = model.fit([Example(x[i], liked, explicit, lc.reward_model_silence_weight if quiet else 1.0, quiet)
+                        for i, (_, _, liked, explicit, quiet) in enumerate(rows)])
     if not report.usable or not unlabelled:
         return [], report
-    probs = model.predict(features(lm, tok, [turn_text(tok, t.input_messages or [], t.output_text)
-                                             for t in unlabelled]))
+    probs = model.predict(features(lm, tok, [turn_text(tok, t.input_messages or [], t.output_text) for t in unlabelled],
+                                   [t.output_text for t in unlabelled]))
     out = []
     for t, p in zip(unlabelled, probs):
         reward, weight, source = combine(None, float(p), lc.reward_model_min_confidence)
-        if source == "model":
+        if source == "model" and (reward > 0 or lc.reward_model_labels == "both"):
             out.append(replace(t, reward=reward, weight=max(weight, 1e-3)))
     return out, report
 
@@ -99,6 +117,7 @@ def report_metrics(report: FitReport, model_labelled_turns: int) -> dict[str, fl
     m = {"reward_model.usable": float(report.usable), "reward_model.auroc": report.auroc,
          "reward_model.ece": report.ece, "reward_model.train_turns": float(report.n_train),
          "reward_model.holdout_turns": float(report.n_holdout), "reward_model.positives": float(report.positives),
+         "reward_model.silent_turns": float(report.silent),
          "reward_model.labelled_turns": float(model_labelled_turns)}
     return {k: v for k, v in m.items() if v == v}
 

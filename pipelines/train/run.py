@@ -114,18 +114,24 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
         result.reason = f"{len(turns)} new settled turns < learner.min_new_turns={lc.min_new_turns}"
         return result
     base = resolve_base_model(cfg.train.base_model, cfg.home)
-    labelled_turns, rm_report, model_turns = len(turns), None, []
+    labelled_turns, rm_report, model_turns, judge_report, judge_turns = len(turns), None, [], None, []
     unlabelled_new = len(new_training_turns(cfg, tenant, task, limit=1_000_000, labelled=False))
-    if lc.reward_model:  # the unlabelled turns the reward model labels confidently (labels.py)
-        from pipelines.train.labels import model_labelled
-
+    if lc.reward_model or cfg.judge.rubric.strip():
         unlabelled, unlabelled_excluded = exclude_eval_turns(
             new_training_turns(cfg, tenant, task, limit=lc.max_turns, labelled=False), hashes)
         if unlabelled_excluded:
             record_ledger(cfg.table_store, tenant, task, [t.turn_id for t in unlabelled_excluded], 0)
         result.excluded_eval_turns += len(unlabelled_excluded)
-        model_turns, rm_report = model_labelled(cfg, tenant, task, base, unlabelled)
-        turns = turns + model_turns
+        if lc.reward_model:  # the unlabelled turns the reward model labels confidently (labels.py)
+            from pipelines.train.labels import model_labelled
+
+            model_turns, rm_report = model_labelled(cfg, tenant, task, base, unlabelled)
+        if cfg.judge.rubric.strip():  # the rubric judge labels what the reward model left (judge.py)
+            from pipelines.reward.judge import judge_labelled
+
+            done = {t.turn_id for t in model_turns}
+            judge_turns, judge_report = judge_labelled(cfg, tenant, task, [t for t in unlabelled if t.turn_id not in done])
+        turns = turns + model_turns + judge_turns
         result.new_turns = len(turns)
     # replay: re-checked against today's suites (an item added since the first use leaves the pool)
     pool, replay_excluded = exclude_eval_turns(replay_pool(cfg, tenant, task), hashes, lambda p: p.turn.input_messages)
@@ -154,18 +160,27 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     from pipelines.train.labels import label_sources
 
     model_ids = {t.turn_id for t in model_turns}
-    by_source = {**label_sources(cfg, tenant, [t.turn_id for t in turns if t.turn_id not in model_ids]),
-                 "model": len(model_turns)}
+    judge_ids = {t.turn_id for t in judge_turns}
+    by_source = {**label_sources(cfg, tenant, [t.turn_id for t in turns if t.turn_id not in model_ids | judge_ids]),
+                 "model": len(model_turns), "judge": len(judge_turns)}
     started = time.time()
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, bp.parent.path if bp.parent else None, batch, cfg.train, Path(tmp) / "adapter",
                           seed=cfg.train.seed, current_version=parent_n or 0,
                           task_baselines=bp.task_baselines or None, optimizer_state=bp.optimizer_state,
                           reference=kept_refs)
+        # the gain the learned reward predicts for this adapter (predicted_gain.py): the gate sets it
+        # beside the gain its private evals measure
+        gain = None
+        if model_turns:
+            from pipelines.train.predicted_gain import learner_predicted_gain
+
+            gain = learner_predicted_gain(base, bp.parent.path if bp.parent else None, step.adapter_dir, turns,
+                                          model_ids, cfg.train, clip=cfg.canary.offpolicy_clip)
         window = {"turns": len(turns), "replayed_turns": len(replayed), "trained_turns": len(step.turn_ids),
                   # new turns by where their label came from: the reward stage's, or the reward model's
                   "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns),
-                  "by_source": by_source, "coverage": round(len(turns) / max(1, labelled_turns + unlabelled_new), 4),
+                  "judge_labelled_turns": len(judge_turns), "by_source": by_source, "coverage": round(len(turns) / max(1, labelled_turns + unlabelled_new), 4),
                   "excluded_eval_turns": result.excluded_eval_turns,
                   "turn_ids": [t.turn_id for t in turns], "replayed_turn_ids": [p.turn.turn_id for p in replayed],
                   "first_turn": turns[0].turn_id, "last_turn": turns[-1].turn_id}
@@ -180,6 +195,11 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
 
             metrics.update(report_metrics(rm_report, len(model_turns)))
             metrics["reward_model.reason"] = rm_report.reason
+        if gain is not None:
+            metrics.update(gain.metrics())
+        if judge_report is not None:
+            metrics.update(judge_report.metrics())
+            metrics["judge.reason"] = judge_report.reason
         with tracking.run(cfg, f"learner {tenant}/{task}", tags={**tags, "tracerl.stage": "learner"},
                           params={"train": cfg.train.to_dict(), "learner": lc.__dict__}, started=started) as run:
             _log_window(cfg, tenant, task, window, spec_versions)
@@ -193,6 +213,13 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
 
                 mlflow.log_metrics(report_metrics(rm_report, len(model_turns)))
                 mlflow.log_dict(asdict(rm_report), "reward_model.json")  # with the reliability table
+            if gain is not None:
+                mlflow.log_metrics(gain.metrics())
+            if judge_report is not None:
+                from dataclasses import asdict
+
+                mlflow.log_metrics(judge_report.metrics())
+                mlflow.log_dict(asdict(judge_report), "judge.json")
             mlflow.log_dict({**step.summary, "replay": replay, "branch": bp.meta()}, "summary.json")
             version = store.publish(tenant, task, step.adapter_dir, {
                 "parent_version": parent_n, "base_model_hash": base_hash,
@@ -202,7 +229,10 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                 "task_baselines": {str(k): float(v) for k, v in step.task_baselines.items()},
                 "optimizer": {"resumed_from": parent_n if bp.optimizer_state else None,
                               "resumed_step": step.summary.get("optimizer_resumed_step", 0.0)},
-                "replay": replay})
+                "replay": replay,
+                # the reward model's numbers, the predicted gain among them (the gate reads it)
+                "reward_model": {k.removeprefix("reward_model."): v for k, v in metrics.items()
+                                 if k.startswith("reward_model.")}})
             mlflow.log_artifacts(str(version.path), "adapter")
             for p in log_reward_plot(cfg, tenant, task):  # what each serving version earned, as metrics too
                 mlflow.log_metric("live_reward_by_version", p.mean, step=p.version)

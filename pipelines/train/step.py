@@ -297,7 +297,7 @@ def train_step(
         encoded, summary = encode_turns(turns, tokenizer)
         summary.update({"seed": float(seed), "current_version": float(current), "trainable_params": float(n_trainable),
                         "device_cuda": float(placement.device == "cuda"), "bf16": float(placement.precision == "bf16"),
-                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "replayed": 0.0})
+                        "stale_dropped": 0.0, "stale_downweighted": 0.0, "weighted": 0.0})
         weighted: list[tuple[EncodedTurn, float]] = []
         for e in encoded:
             w = cfg.staleness.sample_weight(current - (e.turn.adapter_version or 0))  # None: the base model, 0
@@ -305,7 +305,7 @@ def train_step(
                 summary["stale_dropped"] += 1
                 continue
             summary["stale_downweighted"] += w < 1.0
-            summary["replayed"] += e.turn.weight < 1.0
+            summary["weighted"] += e.turn.weight < 1.0  # replayed (age decay) or labelled by a learned signal
             weighted.append((e, w * e.turn.weight))
 
         # 3. advantages / labels ---------------------------------------------------------
@@ -335,7 +335,7 @@ def train_step(
                 "dropped_zero_advantage", "bc_samples", "bc_only")))
         summary["trained_samples"] = float(len(kept))
         print(f"train_step: {len(turns)} turns -> {len(kept)} with signal; version {current}; "
-              f"{int(summary['replayed'])} replayed, {int(summary['stale_downweighted'])} down-weighted; "
+              f"{int(summary['weighted'])} at a weight < 1 (replayed or learned labels), {int(summary['stale_downweighted'])} down-weighted; "
               f"{n_trainable} trainable params; {opt_cfg.steps_per_iteration} steps x micro-batch {opt_cfg.micro_batch_size}; "
               f"{placement.device} {placement.precision}")
 

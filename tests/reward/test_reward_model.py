@@ -85,3 +85,18 @@ def test_features_are_the_base_model_s_pooled_hidden_states(tmp_path):
                  batch_size=2)
     assert x.shape == (3, model.config.hidden_size) and np.isfinite(x).all()
     assert np.allclose(x[0], x[2], atol=1e-5) and not np.allclose(x[0], x[1])  # padding does not leak in
+    both = features(model, tok, ["q: hi. a: yes", "q: hi. a: no"], ["yes", "no"], batch_size=2)
+    assert both.shape == (2, 2 * model.config.hidden_size)  # the conversation, then the reply alone
+    assert np.allclose(both[:, model.config.hidden_size:], features(model, tok, ["yes", "no"]), atol=1e-5)
+
+
+def test_silence_is_weak_evidence_never_a_class_of_its_own():
+    """Silent turns (no signal at all) fit as liked at a small weight (positive-unlabelled); they never
+    make up for missing real positives, and the report counts them apart."""
+    negatives = [e for e in _turns(120, 0.0, signal=2.0, seed=6)]
+    silent = [Example(e.features, True, False, weight=0.05, silent=True) for e in _turns(300, 0.2, signal=2.0, seed=7)]
+    report = RewardModel().fit(negatives + silent)
+    assert not report.usable and "0 liked" in report.reason and "nothing to learn from yet" in report.reason
+    liked = _turns(200, 0.2, signal=2.5, seed=1)
+    report = RewardModel().fit(liked + silent)
+    assert report.usable and report.silent == len(silent) and report.positives == sum(e.liked for e in liked)

@@ -75,12 +75,17 @@ def _trained(cfg) -> set[str]:
 def test_the_reward_model_labels_the_unlabelled_turns_it_is_sure_of_and_the_learner_records_it(cfg):
     unlabelled = new_training_turns(cfg, TENANT, TASK, limit=100, labelled=False)
     assert len(unlabelled) == 24 and len(new_training_turns(cfg, TENANT, TASK, limit=100)) == 32
-    cfg.learner.reward_model = True
-    turns, report = model_labelled(cfg, TENANT, TASK, resolve_base_model(cfg.train.base_model, cfg.home), unlabelled)
+    cfg.learner.reward_model, cfg.learner.reward_model_labels = True, "both"
+    base = resolve_base_model(cfg.train.base_model, cfg.home)
+    turns, report = model_labelled(cfg, TENANT, TASK, base, unlabelled)
     assert report.usable and report.auroc >= 0.65 and report.n_holdout > 0, report
     assert len(turns) >= 12  # most of them, confidently
     assert all(t.reward == (1.0 if t.output_text.endswith(MARK) else -1.0) for t in turns)  # the right sign
     assert all(0 < t.weight <= 1 for t in turns)
+    cfg.learner.reward_model_labels = "liked"  # the default: the model adds only the class real labels lack
+    liked, _ = model_labelled(cfg, TENANT, TASK, base, unlabelled)
+    assert liked == [t for t in turns if t.reward > 0] and liked
+    cfg.learner.reward_model_labels = "both"
 
     r = run_learner(cfg, TENANT, TASK)
     assert r.status == "trained"
@@ -89,7 +94,7 @@ def test_the_reward_model_labels_the_unlabelled_turns_it_is_sure_of_and_the_lear
     assert r.new_turns == 32 + len(turns)
     # the records: every new turn by where its label came from, and the share of the new traffic
     assert {k: v for k, v in r.metrics.items() if k.startswith("turns.")} == {
-        "turns.explicit": 32, "turns.implicit": 0, "turns.hindsight": 0, "turns.model": len(turns)}
+        "turns.explicit": 32, "turns.implicit": 0, "turns.hindsight": 0, "turns.model": len(turns), "turns.judge": 0}
     assert r.metrics["coverage"] == pytest.approx((32 + len(turns)) / 56, abs=1e-4)
     assert {t.turn_id for t in turns} <= _trained(cfg)
 
@@ -109,3 +114,27 @@ def test_a_model_that_cannot_be_fitted_labels_nothing_and_says_why(tmp_path, tin
     r = run_learner(cfg, TENANT, TASK)
     assert r.status == "trained" and r.metrics["model_labelled_turns"] == 0 and r.new_turns == 32
     assert r.metrics["reward_model.usable"] == 0.0 and "nothing to learn from yet" in r.metrics["reward_model.reason"]
+
+
+def test_silent_turns_fit_the_reward_model_only_when_asked_and_are_counted_apart(cfg):
+    cfg.learner.reward_model, cfg.learner.reward_model_silence_weight = True, 0.05
+    r = run_learner(cfg, TENANT, TASK)
+    assert r.metrics["reward_model.silent_turns"] == 24 and r.metrics["reward_model.positives"] == 16
+
+
+def test_a_rubric_judge_labels_what_the_reward_model_left_and_the_learner_records_it(cfg):
+    """The judge is the loopback one of tests/reward/test_judge.py whose verdicts follow the voters:
+    with the reward model off it labels all 24 unvoted turns, each with the right sign."""
+    from pipelines.config.judge import JudgeConfig
+    from tests.reward.test_judge import Judge
+
+    server = Judge("follows")
+    try:
+        cfg.judge = JudgeConfig(rubric="A good reply ends with 42, three times.", url=server.url, model="judge")
+        r = run_learner(cfg, TENANT, TASK)
+    finally:
+        server.close()
+    assert r.status == "trained" and r.metrics["judge.usable"] == 1.0 and r.metrics["judge.auroc"] == 1.0
+    assert r.metrics["turns.judge"] == 24 and r.metrics["turns.model"] == 0 and r.new_turns == 56
+    assert r.metrics["coverage"] == pytest.approx(1.0) and "judge.reason" in r.metrics
+    assert {f"t{i}" for i in range(32, 56)} <= _trained(cfg)

@@ -342,7 +342,7 @@ def test_turn_weight_scales_the_loss_and_counts_as_replayed(tiny, tok, tmp_path)
                       tmp_path / "half", seed=0)
     # first step, before any update: every term of the loss is linear in the sample weight
     assert half.steps[0]["loss"] == pytest.approx(0.5 * full.steps[0]["loss"], rel=1e-5)
-    assert half.summary["replayed"] == 4 and full.summary["replayed"] == 0
+    assert half.summary["weighted"] == 4 and full.summary["weighted"] == 0
     for bad in (0.0, 1.5, float("nan")):
         broken = [turns[0], dataclasses.replace(turns[1], weight=bad)] + turns[2:]
         with pytest.raises(ValueError, match=f"turn {turns[1].turn_id!r}: weight="):
