@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
 
 from pipelines.contract.events import Event, Feedback, Message, ModelTurn, SessionEnd, ToolCall
-from pipelines.contract.validate import parse_time
-from pipelines.ingest.decode import hot_fields
-from pipelines.lake.tables import EVENTS_SCHEMA, Columns
-from pipelines.lake import delta
-from pipelines.lake.delta import EVENTS
+from pipelines.ingest import direct
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -33,30 +26,16 @@ def now(seconds: float) -> datetime:
 
 
 def events_table(events: list[Event], ingested_at: datetime | None = None, run_id: str = "test") -> pa.Table:
-    """`events` as ingest stores them: the events columns and the tenant and date partitions."""
-    ing = ms(ingested_at or datetime.now(timezone.utc))
-    groups: dict[tuple[str, str], Columns] = defaultdict(lambda: Columns(EVENTS_SCHEMA))
-    for i, e in enumerate(events):
-        d = e.to_dict()
-        t = parse_time(d["event_time"]).astimezone(timezone.utc)
-        c = groups[(d["tenant"], t.date().isoformat())]
-        for name, v in zip(EVENTS_SCHEMA.names, (
-                d["event_id"], d["type"], d["schema_version"], d["app"], d.get("task"), d["trace_id"],
-                d.get("turn_id"), ms(t), json.dumps(d), "test", 0, i, ing, run_id, *hot_fields(d))):
-            c.cols[name].append(v)
-    parts = [c.table().append_column("tenant", pa.array([tenant] * len(c))).append_column("date", pa.array([day] * len(c)))
-             for (tenant, day), c in groups.items()]
-    return pa.concat_tables(parts) if parts else STORED_EVENTS.empty_table()
+    """`events` as ingest stores them (pipelines/ingest/direct.py)."""
+    return direct.events_table(events, ingested_at, run_id, topic="test")
 
 
-STORED_EVENTS = EVENTS_SCHEMA.append(pa.field("tenant", pa.string())).append(pa.field("date", pa.string()))
+STORED_EVENTS = direct.STORED_EVENTS
 
 
 def land(root: Path, events: list[Event], ingested_at: datetime | None = None) -> str:
     """Commit `events` to the lake at `root` as one ingest-like run (one Delta commit); its run id."""
-    run_id = "test-" + uuid.uuid4().hex[:8]
-    delta.append(root, EVENTS, events_table(events, ingested_at, run_id))
-    return run_id
+    return direct.land(root, events, ingested_at, topic="test")
 
 
 ENV = dict(tenant="acme", app="bot", task="support", trace_id="tr-1")
