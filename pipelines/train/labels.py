@@ -5,48 +5,56 @@ The probe is fitted again each iteration on the target's most recent labelled tu
 implicit signal, hindsight: the reward stage's `labelled`), scored on held-out explicit votes and
 refused below `learner.reward_model_min_auroc`. Where it is usable, each settled unlabelled turn
 it is confident about (`|2p - 1| >= reward_model_min_confidence`) trains with reward +1 (and -1 too
-with `reward_model_labels = "both"`) and that confidence as its loss weight; the rest stay untrained (and stay new: a late label may still come).
+with `reward_model_labels = "both"`) and that confidence as its loss weight; the rest stay untrained
+(and stay new: a late label may still come).
 A turn's real label always wins: only turns the rewards table calls unlabelled are considered.
+A turn's features are computed once per base model (`feature_cache.py`), not once per iteration.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pipelines.config import TracerlConfig
 from pipelines.lake.query import connect
 from pipelines.reward.model import Example, FitReport, RewardModel, RewardModelConfig, combine, features
 from pipelines.train.batch import TrainTurn
+from pipelines.train.feature_cache import FeatureCache, cache_path
+
+FEATURE_RECIPE = 1  # what `turn_text` and `features` make of a turn: bump when either changes (cached rows go stale)
 
 
-def labelled_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[list[dict], str, bool, bool]]:
-    """(input messages, reply, liked, explicit) of the target's most recent settled labelled turns
+def labelled_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[str, list[dict], str, bool, bool]]:
+    """(turn id, input messages, reply, liked, explicit) of the target's most recent settled labelled turns
     whose total is not 0 (a 0 says neither liked nor disliked)."""
     con = connect(cfg.lake, cfg.table_store)
     rows = con.execute("""
-        SELECT t.input_messages::VARCHAR, t.output_text, r.total,
+        SELECT t.turn_id, t.input_messages::VARCHAR, t.output_text, r.total,
                (r.thumbs IS NOT NULL OR r.rating IS NOT NULL) AS explicit
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND r.total <> 0 AND t.tenant = ? AND t.task = ?
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time DESC LIMIT ?""", [tenant, task, cfg.learner.reward_model_window]).fetchall()
-    return [(json.loads(r[0]) if r[0] else [], r[1] or "", r[2] > 0, bool(r[3])) for r in rows]
+    return [(r[0], json.loads(r[1]) if r[1] else [], r[2] or "", r[3] > 0, bool(r[4])) for r in rows]
 
 
-def silent_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[list[dict], str]]:
-    """(input messages, reply) of the target's most recent settled turns with no signal at all:
+def silent_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[str, list[dict], str]]:
+    """(turn id, input messages, reply) of the target's most recent settled turns with no signal at all:
     no vote, regenerate, complaint, abandonment, hindsight (the reward stage's ``NOT labelled``)."""
     con = connect(cfg.lake, cfg.table_store)
     rows = con.execute("""
-        SELECT t.input_messages::VARCHAR, t.output_text
+        SELECT t.turn_id, t.input_messages::VARCHAR, t.output_text
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND NOT r.labelled AND t.tenant = ? AND t.task = ?
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time DESC LIMIT ?""", [tenant, task, cfg.learner.reward_model_window]).fetchall()
-    return [(json.loads(r[0]) if r[0] else [], r[1] or "") for r in rows]
+    return [(r[0], json.loads(r[1]) if r[1] else [], r[2] or "") for r in rows]
 
 
 def turn_text(tokenizer: Any, messages: list[dict], reply: str) -> str:
@@ -58,33 +66,81 @@ def turn_text(tokenizer: Any, messages: list[dict], reply: str) -> str:
         return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in convo)
 
 
+class _TurnFeatures:
+    """Turn features through the feature cache (feature_cache.py): only the turns it lacks are
+    computed, and the base model is loaded only when one is missing."""
+
+    def __init__(self, cfg: TracerlConfig, tenant: str, task: str, base: Path):
+        from pipelines.models.registry import base_model_hash
+
+        self.tenant, self.task, self.base, self.hash = tenant, task, base, base_model_hash(base)
+        self.computed, self._lm = 0, None
+        try:
+            self.cache: FeatureCache | None = FeatureCache(cache_path(cfg))
+        except (sqlite3.Error, OSError):  # unusable: compute every turn, as before the cache
+            self.cache = None
+
+    def __call__(self, rows: list[tuple[str, list[dict], str]]) -> np.ndarray:
+        """Features of ``(turn id, input messages, reply)``, one row each, in order."""
+        known: dict[str, np.ndarray] = {}
+        if self.cache is not None:
+            try:
+                known = self.cache.get(self.tenant, self.task, self.hash, FEATURE_RECIPE, [r[0] for r in rows])
+            except sqlite3.Error:  # locked past its timeout, or corrupt: compute
+                known = {}
+        todo = list({r[0]: r for r in rows if r[0] not in known}.values())
+        if todo:
+            tok, lm = self._model()
+            x = features(lm, tok, [turn_text(tok, m, reply) for _, m, reply in todo], [r[2] for r in todo])
+            fresh = {r[0]: x[i] for i, r in enumerate(todo)}
+            self.computed += len(todo)
+            if self.cache is not None:
+                try:
+                    self.cache.put(self.tenant, self.task, self.hash, FEATURE_RECIPE, fresh)
+                except sqlite3.Error:  # the features still count this iteration; the next one computes again
+                    pass
+            known.update(fresh)
+        return np.stack([known[r[0]] for r in rows]) if rows else np.zeros((0, 0), dtype=np.float32)
+
+    def _model(self) -> tuple[Any, Any]:
+        if self._lm is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(self.base)
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token
+            self._lm = (tok, AutoModelForCausalLM.from_pretrained(self.base))
+        return self._lm
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+
 def model_labelled(cfg: TracerlConfig, tenant: str, task: str, base: Path,
                    unlabelled: list[TrainTurn]) -> tuple[list[TrainTurn], FitReport]:
     """The unlabelled turns the reward model labels confidently (reward +-1, weight = confidence),
     and the model's report (usable or not, and why)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     lc = cfg.learner
     labelled = labelled_examples(cfg, tenant, task)
     model = RewardModel(RewardModelConfig(min_auroc=lc.reward_model_min_auroc,
                                           min_confidence=lc.reward_model_min_confidence, seed=cfg.train.seed))
     if not labelled:
         return [], FitReport(False, "no labelled turns of this target yet")
-    tok = AutoTokenizer.from_pretrained(base)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    lm = AutoModelForCausalLM.from_pretrained(base)
     # silence as weak evidence of a liked reply (positive-unlabelled), at learner.reward_model_silence_weight
     silent = silent_examples(cfg, tenant, task) if lc.reward_model_silence_weight > 0 else []
-    rows = [(m, reply, liked, explicit, False) for m, reply, liked, explicit in labelled] + \
-        [(m, reply, True, False, True) for m, reply in silent]
-    x = features(lm, tok, [turn_text(tok, m, reply) for m, reply, *_ in rows], [r[1] for r in rows])
-    report = model.fit([Example(x[i], liked, explicit, lc.reward_model_silence_weight if quiet else 1.0, quiet)
-                        for i, (_, _, liked, explicit, quiet) in enumerate(rows)])
-    if not report.usable or not unlabelled:
-        return [], report
-    probs = model.predict(features(lm, tok, [turn_text(tok, t.input_messages or [], t.output_text) for t in unlabelled],
-                                   [t.output_text for t in unlabelled]))
+    rows = [(tid, m, reply, liked, explicit, False) for tid, m, reply, liked, explicit in labelled] + \
+        [(tid, m, reply, True, False, True) for tid, m, reply in silent]
+    turn_features = _TurnFeatures(cfg, tenant, task, base)
+    try:
+        x = turn_features([r[:3] for r in rows])
+        report = model.fit([Example(x[i], liked, explicit, lc.reward_model_silence_weight if quiet else 1.0, quiet)
+                            for i, (_, _, _, liked, explicit, quiet) in enumerate(rows)])
+        if not report.usable or not unlabelled:
+            return [], report
+        probs = model.predict(turn_features([(t.turn_id, t.input_messages or [], t.output_text) for t in unlabelled]))
+    finally:
+        turn_features.close()
     out = []
     for t, p in zip(unlabelled, probs):
         reward, weight, source = combine(None, float(p), lc.reward_model_min_confidence)

@@ -96,6 +96,16 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     from pipelines.train.device import place
     from pipelines.train.step import train_step
 
+    # the wall time of each stage, in result.metrics as seconds.<stage> and printed at the end (#41)
+    seconds: dict[str, float] = {}
+    begun = time.perf_counter()
+    clock = [begun]
+
+    def lap(stage: str) -> None:
+        now = time.perf_counter()
+        seconds[stage] = seconds.get(stage, 0.0) + now - clock[0]
+        clock[0] = now
+
     cfg = cfg.for_target(tenant, task)  # this target's [targets."tenant[/task]"] learner/train/gate settings
     lc = cfg.learner
     canary = promote.canary_version(cfg, tenant, task)
@@ -122,15 +132,18 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
         if unlabelled_excluded:
             record_ledger(cfg.table_store, tenant, task, [t.turn_id for t in unlabelled_excluded], 0)
         result.excluded_eval_turns += len(unlabelled_excluded)
+        lap("select")
         if lc.reward_model:  # the unlabelled turns the reward model labels confidently (labels.py)
             from pipelines.train.labels import model_labelled
 
             model_turns, rm_report = model_labelled(cfg, tenant, task, base, unlabelled)
+            lap("reward_model")
         if cfg.judge.rubric.strip():  # the rubric judge labels what the reward model left (judge.py)
             from pipelines.reward.judge import judge_labelled
 
             done = {t.turn_id for t in model_turns}
             judge_turns, judge_report = judge_labelled(cfg, tenant, task, [t for t in unlabelled if t.turn_id not in done])
+            lap("judge")
         turns = turns + model_turns + judge_turns
         result.new_turns = len(turns)
     # replay: re-checked against today's suites (an item added since the first use leaves the pool)
@@ -163,12 +176,14 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     judge_ids = {t.turn_id for t in judge_turns}
     by_source = {**label_sources(cfg, tenant, [t.turn_id for t in turns if t.turn_id not in model_ids | judge_ids]),
                  "model": len(model_turns), "judge": len(judge_turns)}
+    lap("select")
     started = time.time()
     with tempfile.TemporaryDirectory(dir=cfg.home) as tmp:
         step = train_step(base, bp.parent.path if bp.parent else None, batch, cfg.train, Path(tmp) / "adapter",
                           seed=cfg.train.seed, current_version=parent_n or 0,
                           task_baselines=bp.task_baselines or None, optimizer_state=bp.optimizer_state,
                           reference=kept_refs)
+        lap("train_step")
         # the gain the learned reward predicts for this adapter (predicted_gain.py): the gate sets it
         # beside the gain its private evals measure
         gain = None
@@ -177,6 +192,7 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
 
             gain = learner_predicted_gain(base, bp.parent.path if bp.parent else None, step.adapter_dir, turns,
                                           model_ids, cfg.train, clip=cfg.canary.offpolicy_clip)
+            lap("predicted_gain")
         window = {"turns": len(turns), "replayed_turns": len(replayed), "trained_turns": len(step.turn_ids),
                   # new turns by where their label came from: the reward stage's, or the reward model's
                   "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns),
@@ -236,6 +252,8 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
             mlflow.log_artifacts(str(version.path), "adapter")
             for p in log_reward_plot(cfg, tenant, task):  # what each serving version earned, as metrics too
                 mlflow.log_metric("live_reward_by_version", p.mean, step=p.version)
+            lap("publish")
+            mlflow.log_metrics({f"seconds.{k}": v for k, v in seconds.items()})  # record's come after the run
             mlflow.set_tags({"adapter_version": version.version,
                              "mlflow.runName": f"learner {tenant}/{task} v{version.version}"})
     # computed once, read by every later use of the turn (replays, later iterations)
@@ -250,6 +268,10 @@ def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
         f"Adapter v{version.version}, trained from {parent} by {registry.run_link(cfg, run.info.run_id, 'its learner run')} "
         f"on {len(turns)} new settled turns and {len(replayed)} replayed ({len(step.turn_ids)} trained; "
         f"reward spec {', '.join(spec_versions) or 'unknown'}), in {time.time() - started:.0f} s."))
+    lap("record")
+    seconds["total"] = time.perf_counter() - begun
+    metrics.update({f"seconds.{k}": round(v, 3) for k, v in seconds.items()})
+    print(f"learner {tenant}/{task} stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()), flush=True)
     result.status, result.adapter_version, result.parent_version = "trained", version.version, parent_n
     result.mlflow_run_id, result.metrics = run.info.run_id, metrics
     result.replayed_turns, result.branch_base, result.branch_depth = len(replayed), bp.base, bp.depth

@@ -110,6 +110,7 @@ def test_a_reward_model_that_likes_a_marker_users_do_not_trains_a_candidate_the_
     cfg.train = TrainConfig(base_model=str(base), seed=0,
                             optimizer=OptimizerSettings(lr=1e-3, steps_per_iteration=1, micro_batch_size=16))
     cfg.learner.min_new_turns, cfg.learner.max_turns, cfg.learner.reward_model = 4, 128, True
+    cfg.learner.reward_model_labels = "both"  # the real probe labels both ways beside the injected error
     land_traffic(cfg)
     folder = tmp_path / "evals" / TENANT / TASK
     folder.mkdir(parents=True)
@@ -177,6 +178,7 @@ def test_the_learner_records_the_gain_its_learned_reward_predicts_where_the_gate
     cfg.train = TrainConfig(base_model=str(base), seed=0,
                             optimizer=OptimizerSettings(lr=1e-3, steps_per_iteration=1, micro_batch_size=16))
     cfg.learner.min_new_turns, cfg.learner.max_turns, cfg.learner.reward_model = 4, 64, True
+    cfg.learner.reward_model_labels = "both"
     land_traffic(cfg, n=56)
     monkeypatch.setattr(labels, "model_labelled", wrong_on_the_mark(labels.model_labelled))
     r = run_learner(cfg, TENANT, TASK)

@@ -138,3 +138,43 @@ def test_a_rubric_judge_labels_what_the_reward_model_left_and_the_learner_record
     assert r.metrics["turns.judge"] == 24 and r.metrics["turns.model"] == 0 and r.new_turns == 56
     assert r.metrics["coverage"] == pytest.approx(1.0) and "judge.reason" in r.metrics
     assert {f"t{i}" for i in range(32, 56)} <= _trained(cfg)
+
+
+def test_a_turns_features_are_computed_once_and_the_learner_times_its_stages(cfg, monkeypatch, capsys):
+    """The second iteration on the same lake reads every turn's features from the cache: no forward,
+    no base model loaded, the same labels. The learner's result splits its wall time by stage."""
+    import pipelines.reward.model as reward_model
+    from pipelines.train.feature_cache import FeatureCache, cache_path
+
+    pooled, calls = reward_model._pooled, []
+    monkeypatch.setattr(reward_model, "_pooled", lambda model, tok, texts, *a: calls.append(len(texts)) or
+                        pooled(model, tok, texts, *a))
+    cfg.learner.reward_model, cfg.learner.reward_model_labels = True, "both"
+    cfg.learner.reward_model_silence_weight = 0.05  # the silent turns are the unlabelled ones: computed once too
+    base = resolve_base_model(cfg.train.base_model, cfg.home)
+    unlabelled = new_training_turns(cfg, TENANT, TASK, limit=100, labelled=False)
+    first, report = model_labelled(cfg, TENANT, TASK, base, unlabelled)
+    assert report.usable and first and sum(calls) == 2 * 56  # conversation and reply, each turn once
+    cache = FeatureCache(cache_path(cfg))
+    assert len(cache.get(TENANT, TASK, _hash(base), 1, [f"t{i}" for i in range(56)])) == 56
+    cache.close()
+
+    calls.clear()
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained",
+                        lambda *a, **k: pytest.fail("the base model was loaded with every feature cached"))
+    again, report2 = model_labelled(cfg, TENANT, TASK, base, unlabelled)
+    assert calls == [] and again == first and report2.auroc == report.auroc
+    monkeypatch.undo()
+
+    r = run_learner(cfg, TENANT, TASK)
+    stages = {k for k in r.metrics if k.startswith("seconds.")}
+    assert stages == {f"seconds.{s}" for s in ("select", "reward_model", "train_step", "predicted_gain", "publish",
+                                               "record", "total")}
+    assert all(isinstance(r.metrics[s], float) and r.metrics[s] >= 0 for s in stages)
+    assert f"learner {TENANT}/{TASK} stages: select " in capsys.readouterr().out
+
+
+def _hash(base) -> str:
+    from pipelines.models.registry import base_model_hash
+
+    return base_model_hash(base)
