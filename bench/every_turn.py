@@ -50,27 +50,35 @@ def held_out_rate(base: Path, adapter: Path | None, fam, seeds: int = 4) -> list
     return out
 
 
-def run(condition: str, seed: int, base: Path, root: Path) -> float:
-    from pipelines.adapters.store import AdapterStore
+def learner_config(condition: str, seed: int, base: Path, home: Path):
+    """(config, reward spec book) of one condition: the tiny model's optimizer settings, no eval
+    suites; labelled-only also turns hindsight off in the reward spec (None: the shipped spec)."""
     from pipelines.config import TracerlConfig
     from pipelines.config.train import OptimizerSettings, TrainConfig
+    from pipelines.reward.spec import SpecBook
+
+    every = condition == "every turn"
+    cfg = TracerlConfig(home=home)
+    cfg.gate.suites_dir = str(cfg.home / "evals")  # no suites: nothing excluded from training
+    cfg.train = TrainConfig(base_model=str(base), seed=seed,
+                            optimizer=OptimizerSettings(lr=5e-3, steps_per_iteration=8, micro_batch_size=32))
+    cfg.learner.min_new_turns, cfg.learner.max_turns, cfg.learner.branch_max_kl = 4, 4096, 3.0
+    cfg.learner.reward_model = every
+    return cfg, (None if every else SpecBook({"default": {"weights": {"hindsight": 0.0}}}))
+
+
+def run(condition: str, seed: int, base: Path, root: Path) -> float:
+    from pipelines.adapters.store import AdapterStore
     from pipelines.ingest.direct import land
     from pipelines.reward.engine import run_rewards
-    from pipelines.reward.spec import SpecBook
     from pipelines.sim.families import family
     from pipelines.sim.offline import OfflineTraffic, play_sessions
     from pipelines.sim.policy import HFPolicy
     from pipelines.sim.sessions import UserModel
     from pipelines.train.run import run_learner
 
-    every = condition == "every turn"
-    cfg = TracerlConfig(home=root / f"{'every' if every else 'labelled'}-{seed}")
-    cfg.gate.suites_dir = str(cfg.home / "evals")  # no suites: nothing excluded from training
-    cfg.train = TrainConfig(base_model=str(base), seed=seed,
-                            optimizer=OptimizerSettings(lr=5e-3, steps_per_iteration=8, micro_batch_size=32))
-    cfg.learner.min_new_turns, cfg.learner.max_turns, cfg.learner.branch_max_kl = 4, 4096, 3.0
-    cfg.learner.reward_model = every
-    book = None if every else SpecBook({"default": {"weights": {"hindsight": 0.0}}})
+    cfg, book = learner_config(condition, seed, base,
+                               root / f"{'every' if condition == 'every turn' else 'labelled'}-{seed}")
     fam, store = family("style"), AdapterStore(cfg.adapter_root)
     for i in range(ITERATIONS):
         t0 = time.monotonic()

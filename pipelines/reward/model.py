@@ -173,12 +173,14 @@ def combine(label: float | None, p_liked: float | None, min_confidence: float) -
 
 
 def features(model: Any, tokenizer: Any, texts: Sequence[str], replies: Sequence[str] | None = None,
-             batch_size: int = 8, max_tokens: int = 512) -> np.ndarray:
+             batch_size: int = 64, max_tokens: int = 512) -> np.ndarray:
     """The base model's last hidden state, mean-pooled over each text's tokens (no gradient); with
     ``replies``, the reply alone pooled the same way and appended. Why both: pooled over the whole
     conversation a reply's own features are diluted by the question; on the tiny model's style
     traffic (docs/learning.md) the probe's AUROC against the users' real verdicts was 0.82 on the
-    conversation, 0.91 on the reply alone and 0.92 on both."""
+    conversation, 0.91 on the reply alone and 0.92 on both. (Pooling the reply's span inside the
+    conversation pass instead of a second pass was measured too: half the cost, but its confident
+    positives were right 31-54% of the time against 56-75%.)"""
     pooled = _pooled(model, tokenizer, texts, batch_size, max_tokens)
     if replies is None:
         return pooled
@@ -186,16 +188,26 @@ def features(model: Any, tokenizer: Any, texts: Sequence[str], replies: Sequence
 
 
 def _pooled(model: Any, tokenizer: Any, texts: Sequence[str], batch_size: int, max_tokens: int) -> np.ndarray:
+    """Mean-pooled last hidden states. The decoder alone runs (the LM head's logits are never read:
+    on SmolLM2 they are a 49k-wide matmul per token), in batches of similar length (little padding):
+    2.3x faster than a logits pass in input order on the tiny model, the same features to 1e-6."""
     import torch
 
-    rows = []
+    if not len(texts):
+        return np.zeros((0, 0), dtype=np.float32)
     model.eval()
-    with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            batch = tokenizer(list(texts[start:start + batch_size]), return_tensors="pt", padding=True,
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out: np.ndarray | None = None
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            batch = tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True,
                               truncation=True, max_length=max_tokens)
-            out = model(**batch, output_hidden_states=True)
-            hidden = out.hidden_states[-1]
+            hidden = body(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            rows.append(((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).float().cpu().numpy())
-    return np.concatenate(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+            rows = ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1)).float().cpu().numpy()
+            if out is None:
+                out = np.zeros((len(texts), rows.shape[1]), dtype=np.float32)
+            out[idx] = rows
+    return out
