@@ -13,15 +13,16 @@ Resources: `tracerl` (the settings) and one per external service over it: `kafka
 
 import dagster as dg
 
-from assets import canary, deploy, gate, ingest, lake, loop, review, reward, train
+from assets import canary, deploy, gate, ingest, lake, loop, privacy, review, reward, train
 from assets.resources import TracerlResource, service_resources
 
 defs = dg.Definitions(
     assets=[*ingest.ingest_assets, *reward.reward_assets, *train.train_assets, *gate.gate_assets,
             *deploy.deploy_assets, *canary.canary_assets],
     jobs=[*ingest.ingest_jobs, *reward.reward_jobs, *loop.loop_jobs, *train.train_jobs, *review.review_jobs, *canary.canary_jobs,
-          *lake.lake_jobs],
-    schedules=[*ingest.ingest_schedules, *reward.reward_schedules, *loop.loop_schedules, *lake.lake_schedules],
+          *lake.lake_jobs, *privacy.privacy_jobs],
+    schedules=[*ingest.ingest_schedules, *reward.reward_schedules, *loop.loop_schedules, *lake.lake_schedules,
+               *privacy.privacy_schedules],
     sensors=[*loop.loop_sensors, *review.review_sensors, *canary.canary_sensors],
     # Each service resource (kafka, lake, mlflow, gateway) nests the one `tracerl` settings resource;
     # configured at launch, so a run's config for `tracerl` (the UI launchpad, the in-process driver)

@@ -16,6 +16,7 @@ After the last iteration the head adapter's liked share on the held-out prompts 
 
     .venv/bin/python bench/every_turn.py
     TRACERL_EVERY_TURN_SEEDS=0,1 TRACERL_EVERY_TURN_ITERATIONS=2 .venv/bin/python bench/every_turn.py
+    TRACERL_EVERY_TURN_CONDITIONS="every turn" .venv/bin/python bench/every_turn.py  # one condition
 
 Last line: every_turn_gain=<mean(every turn) - mean(labelled-only) over seeds>.
 """
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SEEDS = [int(s) for s in os.environ.get("TRACERL_EVERY_TURN_SEEDS", "0,1,2,3").split(",")]
 ITERATIONS = int(os.environ.get("TRACERL_EVERY_TURN_ITERATIONS", "3"))
 SESSIONS = int(os.environ.get("TRACERL_EVERY_TURN_SESSIONS", "1000"))
-CONDITIONS = ("labelled-only", "every turn")
+CONDITIONS = tuple(os.environ.get("TRACERL_EVERY_TURN_CONDITIONS", "labelled-only,every turn").split(","))
 
 
 def held_out_rate(base: Path, adapter: Path | None, fam, seeds: int = 4) -> list[float]:
@@ -118,7 +119,8 @@ def main() -> None:
         sd = statistics.stdev(xs) if len(xs) > 1 else float("nan")
         print(f"{c}: {' '.join(f'{x:.3f}' for x in xs)}; mean {statistics.mean(xs):.3f} (sd over seeds {sd:.3f})")
     print(f"{len(SEEDS)} seeds x {ITERATIONS} iterations x {SESSIONS} sessions in {time.monotonic() - t0:.0f} s")
-    print(f"every_turn_gain={statistics.mean(results['every turn']) - statistics.mean(results['labelled-only']):.3f}")
+    if len(results) == 2:
+        print(f"every_turn_gain={statistics.mean(results['every turn']) - statistics.mean(results['labelled-only']):.3f}")
 
 
 if __name__ == "__main__":

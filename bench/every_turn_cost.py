@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SESSIONS = int(os.environ.get("TRACERL_COST_SESSIONS", "1000"))
 REPEATS = int(os.environ.get("TRACERL_COST_REPEATS", "3"))
 START = datetime(2026, 11, 1, tzinfo=timezone.utc)
+CONDITIONS = ("labelled-only", "every turn")  # bench/every_turn.py learner_config's two
 
 
 def child(condition: str, home: Path, base: Path) -> None:
@@ -59,7 +60,6 @@ def child(condition: str, home: Path, base: Path) -> None:
 
 
 def main() -> None:
-    from bench.every_turn import CONDITIONS
     from pipelines.ingest.direct import land
     from pipelines.models.registry import resolve_base_model
     from pipelines.sim.families import family

@@ -69,8 +69,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve_stack(versions: int) -> Iterator[dict]:
-    """Kafka + vLLM + ``versions`` published adapters of acme/support + a gateway process."""
+def serve_stack(versions: int, keys: dict[str, str] | None = None,
+                targets: dict[str, dict] | None = None) -> Iterator[dict]:
+    """Kafka + vLLM + ``versions`` published adapters of acme/support + a gateway process.
+    ``keys``: more tenants (tenant -> API key), each with one version of ``<tenant>/support``;
+    ``targets``: the config's per-target settings (``[targets]``)."""
     from pipelines.deploy.vllm_server import start_vllm, stop_vllm
     from pipelines.models.registry import base_model_hash
     from pipelines.models.tiny import make_tiny_llama
@@ -78,7 +81,8 @@ def serve_stack(versions: int) -> Iterator[dict]:
     from pipelines.adapters.store import AdapterStore
 
     tmp = Path(tempfile.mkdtemp(prefix="tracerl-bench-"))
-    cfg = TracerlConfig(home=tmp / "home")
+    cfg = TracerlConfig(home=tmp / "home", targets=targets or {})
+    keys = {**KEYS, **(keys or {})}
     proc = None
     try:
         t0 = time.monotonic()
@@ -91,7 +95,9 @@ def serve_stack(versions: int) -> Iterator[dict]:
                 "config": {}, "metrics": {}}
         for v in range(1, versions + 1):
             store.publish("acme", "support", make_adapter(base, tmp / f"src-{v}", seed=v), meta)
-        gcfg = GatewayConfig(port=_free_port(), api_keys=KEYS, admin_key=ADMIN, upstreams=[vllm.base_url])
+        for i, tenant in enumerate(t for t in keys if t != "acme"):
+            store.publish(tenant, "support", make_adapter(base, tmp / f"src-{tenant}", seed=100 + i), meta)
+        gcfg = GatewayConfig(port=_free_port(), api_keys=keys, admin_key=ADMIN, upstreams=[vllm.base_url])
         proc = multiprocessing.get_context("spawn").Process(target=_gateway_main, args=(cfg, gcfg), daemon=True)
         proc.start()
         url = f"http://127.0.0.1:{gcfg.port}"

@@ -212,12 +212,11 @@ def _champions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[s
     return {(t, k): registry.adapter_for_alias(cfg, t, k, registry.CHAMPION) for t, k in pairs}
 
 
-def list_tenants(cfg: TracerlConfig) -> list[TenantStatus]:
-    """Every tenant: with a key (file or config), an eval suite folder, adapters or a route."""
+def _tenants(cfg: TracerlConfig) -> tuple[set[str], dict[str, str], dict[str, str], dict[str, str]]:
+    """(every tenant's name, the configured keys, the key files the gateway accepts, those it skips)."""
     from pipelines.contract.validate import IDENT
     from pipelines.deploy.keys import KeyRing, key_folder
     from pipelines.deploy.service import gateway_config
-    from pipelines.evals.suites import load_suites
 
     configured = gateway_config(cfg).api_keys
     admin = cfg.home / "gateway" / "admin.key"  # reserved, as the gateway has it (never created here)
@@ -225,10 +224,23 @@ def list_tenants(cfg: TracerlConfig) -> list[TenantStatus]:
                                  admin.read_text().strip() if admin.is_file() else None) if k)
     ring = KeyRing(configured, key_folder(cfg.home), reserved=reserved)  # what the gateway accepts
     files, skipped = {t: "" for t in ring.tenants() if t not in configured}, ring.skipped
-    routes = _routes(cfg)
     names = set(files) | set(configured) | {s for n in skipped if IDENT.fullmatch(s := Path(n).stem)}
     names |= set(_subdirs(_suites_dir(cfg)))
-    names |= set(_subdirs(cfg.adapter_root)) | {t for t, _ in routes}
+    names |= set(_subdirs(cfg.adapter_root)) | {t for t, _ in _routes(cfg)}
+    return names, configured, files, skipped
+
+
+def tenant_names(cfg: TracerlConfig) -> set[str]:
+    """The tenants ``list_tenants`` shows, by name only (no registry, no suites read)."""
+    return _tenants(cfg)[0]
+
+
+def list_tenants(cfg: TracerlConfig) -> list[TenantStatus]:
+    """Every tenant: with a key (file or config), an eval suite folder, adapters or a route."""
+    from pipelines.evals.suites import load_suites
+
+    names, configured, files, skipped = _tenants(cfg)
+    routes = _routes(cfg)
     tasks = {t: tasks_of(cfg, t) for t in sorted(names)}
     champions = _champions(cfg, [(t, k) for t, ks in tasks.items() for k in ks])
     out = []

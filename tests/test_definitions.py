@@ -80,13 +80,15 @@ def test_no_freshness_where_quiet_periods_are_normal(graph):
 def test_schedules_sensors_and_jobs(repo):
     assert {s.name for s in repo.schedule_defs} == {
         "ingest_every_5_minutes", "rewards_every_5_minutes", "closed_loop_hourly", "lake_vacuum_daily",
-        "lake_lag_every_5_minutes"}
+        "lake_lag_every_5_minutes", "retention_daily", "forget_hourly"}
     assert repo.get_schedule_def("lake_lag_every_5_minutes").job_name == "lake_lag_job"
     assert {s.name: s.job_name for s in repo.sensor_defs} == {
         "enough_new_turns": "closed_loop_job", "approved_challengers": "approval_job",
         "canary_settling": "canary_job"}
     assert repo.get_schedule_def("closed_loop_hourly").job_name == "closed_loop_job"
     assert repo.get_schedule_def("lake_vacuum_daily").job_name == "lake_vacuum_job"
+    assert repo.get_schedule_def("retention_daily").job_name == "retention_job"
+    assert repo.get_schedule_def("forget_hourly").job_name == "forget_job"
     assert all(s.default_status == dg.DefaultScheduleStatus.RUNNING for s in repo.schedule_defs)
 
     layer = defs.resolve_job_def("closed_loop_job").asset_layer
@@ -167,6 +169,8 @@ def test_the_triggers_and_the_approval_op_declare_their_services(repo):
     assert repo.get_schedule_def("closed_loop_hourly").required_resource_keys == {"lake"}
     op = defs.resolve_job_def("approval_job").graph.node_dict["promote_approved_versions"].definition
     assert op.required_resource_keys == {"mlflow", "gateway"}
+    op = defs.resolve_job_def("retention_job").graph.node_dict["apply_retention_periods"].definition
+    assert op.required_resource_keys == {"lake", "mlflow"}  # the lake's tables, the gate runs' review tables
 
 
 def test_one_settings_resource_behind_every_service(repo):

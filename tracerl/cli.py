@@ -258,6 +258,96 @@ def cmd_tenant_revoke(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _consent_user(cfg: TracerlConfig, args: argparse.Namespace) -> str | None:
+    """The pseudonym ``tracerl consent`` acts on (--user in clear, or --pseudonym as stored), None
+    for every user; refuses a tenant nothing knows and a user id the gateway would refuse."""
+    from pipelines.contract.validate import short, user_problem
+    from pipelines.lake.consent import ConsentError, check_pseudonym, tenants_with_data
+    from pipelines.privacy.pseudonym import pseudonym
+    from pipelines.tenants import check_name, tenant_names
+
+    tenant = check_name(args.tenant, "tenant")
+    known = tenant_names(cfg) | {k.partition("/")[0] for k in cfg.targets} | tenants_with_data(cfg.table_store)
+    if tenant not in known:
+        raise ConsentError(f"unknown tenant {tenant!r}: no API key, eval suite, adapters, route, targets entry or "
+                           f"landed events; check the name (`tracerl tenant list`)")
+    if args.pseudonym is not None:
+        return check_pseudonym(args.pseudonym)
+    if args.user is None:
+        return None
+    why = "must not be empty" if not args.user else user_problem(args.user)
+    if why:
+        raise ConsentError(f"--user {short(args.user)} {why}")
+    return pseudonym(cfg, tenant, args.user)
+
+
+def cmd_consent_set(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    import getpass
+
+    from datetime import datetime
+
+    from pipelines.lake.consent import ConsentError, policy, record_consent
+
+    user = _consent_user(cfg, args)
+    at = None
+    if args.at is not None:
+        try:
+            at = datetime.fromisoformat(args.at)
+        except ValueError:
+            raise ConsentError(f"--at {args.at!r} is not an RFC 3339 time, e.g. 2026-12-07T10:00:00Z") from None
+        if at.tzinfo is None:
+            raise ConsentError(f"--at {args.at!r} has no time zone: add 'Z' or an offset")
+    try:
+        actor = args.actor or f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):  # no name for this uid (a container): say where it came from at least
+        actor = "cli"
+    rec = record_consent(cfg, args.tenant, user, args.consent, actor, args.reason, at=at)
+    pol = policy(cfg, args.tenant)
+    if rec.consent:
+        what = "opted in: their turns from then on may be trained on"
+    elif pol.retroactive:
+        what = "opted out: none of their turns is trained on or replayed from now on (retroactive: earlier ones too)"
+    else:
+        what = "opted out: their turns from then on are never trained on or replayed"
+    print(json.dumps(rec.to_dict()) if args.json else
+          f"{rec.tenant}: user {rec.user_id} {what} (effective {rec.to_dict()['effective_at']}, by {rec.actor})")
+    return 0
+
+
+def cmd_consent_show(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from pipelines.lake.consent import latest, policy, records
+
+    user = _consent_user(cfg, args)
+    pol = policy(cfg, args.tenant)
+    default = "trained on" if pol.default else "not trained on"
+    recs = records(cfg, args.tenant, user)
+    shown = recs if user is not None else sorted(latest(recs).values(), key=lambda r: r.user_id)
+    if args.json:
+        for r in shown:
+            print(json.dumps(r.to_dict()))
+        if user is not None and not recs:
+            print(json.dumps({"tenant": args.tenant, "user": user, "consent": None, "default": pol.default}))
+        return 0
+    print(f"{args.tenant}: users with no record are {default} (privacy.consent_default = "
+          f"{str(pol.default).lower()}); opt-outs {'are' if pol.retroactive else 'are not'} retroactive "
+          f"(privacy.consent_retroactive)")
+    if not shown:
+        print(f"user {user}: none recorded: {default} (the tenant's default)" if user is not None else
+              "no consent records")
+        return 0
+    rows = [("USER", "CONSENT", "EFFECTIVE", "BY", "RECORDED", "REASON")]
+    rows += [(r.user_id, "opt-in" if r.consent else "opt-out", r.to_dict()["effective_at"], r.actor,
+              r.to_dict()["recorded_at"], r.reason or "") for r in shown]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
+    if user is not None:
+        now = latest(recs).get(user)
+        print(f"user {user}: now " + (("opted in" if now.consent else "opted out") if now else
+                                      f"as the default ({default}): no record in effect yet"))
+    return 0
+
+
 def cmd_produce_sample(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.ingest.producer import TraceProducer
     from pipelines.ingest.sample import bad_messages, generate
@@ -287,6 +377,19 @@ def cmd_lake_vacuum(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
     for dataset in delta.PARTITIONS:
         print(f"{dataset}: {len(delta.vacuum(cfg.table_store, dataset, args.hours))} orphan files deleted")
+    return 0
+
+
+def cmd_retention_apply(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from pipelines.rights.retention import apply_retention
+
+    now = datetime.fromisoformat(args.now) if args.now else None
+    if now is not None and now.tzinfo is None:
+        raise ValueError(f"--now {args.now!r} has no time zone: add 'Z' or an offset")
+    report = apply_retention(cfg, now=now, dry_run=args.dry_run)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else "\n".join(report.lines()))
     return 0
 
 
@@ -333,6 +436,22 @@ def cmd_train(cfg: TracerlConfig, args: argparse.Namespace) -> int:
         detail = (f"adapter v{r.adapter_version} from {r.parent_version or 'a fresh adapter'}, "
                   f"{r.new_turns} turns, MLflow run {r.mlflow_run_id}") if r.status == "trained" else r.reason
         print(f"{tenant}/{task}: {r.status}: {detail}")
+    return 0
+
+
+def cmd_forget(cfg: TracerlConfig, args: argparse.Namespace) -> int:
+    """`tracerl forget`: one end user's data out of every store, the adapters trained on them marked;
+    the receipt printed (and appended to <home>/privacy/forget/receipts.jsonl). docs/privacy.md#forget."""
+    import json
+
+    from pipelines.rights.forget import ForgetError, ForgetRefused, forget
+
+    try:
+        receipt = forget(cfg, args.tenant, args.user, args.actor)
+    except (ForgetError, ForgetRefused) as err:
+        print(f"tracerl forget: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(receipt.to_dict(), indent=1) if args.json else "\n".join(receipt.lines()))
     return 0
 
 
@@ -510,6 +629,27 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("name")
     t.set_defaults(fn=cmd_tenant_revoke)
 
+    s = sub.add_parser("consent", help="end users' consent to be trained on, per tenant (docs/privacy.md)")
+    csub = s.add_subparsers(dest="consent_command", required=True, metavar="ACTION")
+    for name, what in (("set", "record a user's opt-out or opt-in; the learner applies it from its next selection"),
+                       ("show", "the tenant's consent policy and records (each user's in force, or one user's history)")):
+        c = csub.add_parser(name, help=what)
+        c.add_argument("--tenant", required=True)
+        who = c.add_mutually_exclusive_group(required=name == "set")
+        who.add_argument("--user", help="the app's user id, in clear (the OpenAI `user` field): pseudonymized with "
+                                        "the tenant's secret, never stored")
+        who.add_argument("--pseudonym", help="the user as the lake and `consent show` name them (u_ + 32 hex)")
+        c.add_argument("--json", action="store_true", help="one JSON object per line")
+        if name == "set":
+            way = c.add_mutually_exclusive_group(required=True)
+            way.add_argument("--opt-out", dest="consent", action="store_false", help="never train on the user")
+            way.add_argument("--opt-in", dest="consent", action="store_true", help="the user may be trained on")
+            c.add_argument("--reason", help="why (kept with the record; never the user's id in clear)")
+            c.add_argument("--at", help="RFC 3339 time it takes effect (default now), e.g. when the user "
+                                        "opted out in the app")
+            c.add_argument("--actor", help="who records it (default cli:<your OS user>)")
+        c.set_defaults(fn=cmd_consent_set if name == "set" else cmd_consent_show)
+
     s = sub.add_parser("produce-sample", help="produce realistic sample traces from simulated apps")
     s.add_argument("--traces", type=int, default=200, help="number of traces (default 200)")
     s.add_argument("--seed", type=int, default=0)
@@ -531,6 +671,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--hours", type=int, default=24, help="only files older than this (default 24: keeps a "
                    "commit in flight)")
     v.set_defaults(fn=cmd_lake_vacuum)
+
+    s = sub.add_parser("retention", help="delete each tenant's traffic past its retention period "
+                                         "(privacy.retention_days) from every store")
+    rsub = s.add_subparsers(dest="retention_command", required=True, metavar="ACTION")
+    r = rsub.add_parser("apply", help="delete now what the daily retention_daily schedule would: lake rows, "
+                                      "gateway journal and spill segments, review tables; print the report")
+    r.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
+    r.add_argument("--now", help="ISO 8601 time the periods count back from (default: the clock)")
+    r.add_argument("--json", action="store_true", help="the report as JSON")
+    r.set_defaults(fn=cmd_retention_apply)
+
+    s = sub.add_parser("forget", help="delete one end user's data from every store, mark the adapter versions "
+                                      "trained on them, print the receipt (docs/privacy.md#forget)")
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--user", required=True, help="the user id the app sends (OpenAI `user`); never stored")
+    s.add_argument("--actor", default=None, help="who asked (recorded on the receipt; default: the OS user)")
+    s.add_argument("--json", action="store_true", help="the receipt as JSON")
+    s.set_defaults(fn=cmd_forget)
 
     s = sub.add_parser("sql", help=f"query the lake with DuckDB (views: {', '.join(SQL_VIEWS)})",
                        description=f"Query the lake with DuckDB. Views: {', '.join(SQL_VIEWS)}.")

@@ -43,7 +43,7 @@ def _registry(cfg: TracerlConfig, tenant: str, task: str) -> dict[int, dict[str,
 
 def adapter_rows(cfg: TracerlConfig, tenant: str | None = None, task: str | None = None) -> list[dict[str, Any]]:
     """Every adapter version of the matching targets, oldest first within a target."""
-    from pipelines.adapters.store import AdapterStore
+    from pipelines.adapters.store import FORGOTTEN, AdapterStore
     from pipelines.deploy.routing import Router
 
     store = AdapterStore(cfg.adapter_root)
@@ -61,6 +61,9 @@ def adapter_rows(cfg: TracerlConfig, tenant: str | None = None, task: str | None
             marks += [a for a in r.get("aliases", []) if a in MARKS]
             if r.get("status") and r["status"] not in marks:
                 marks.append(r["status"])
+            forgotten = sorted(((m.get("marks") or {}).get(FORGOTTEN) or {}))
+            if forgotten:  # trained on a user forgotten since (`tracerl forget`; docs/privacy.md)
+                marks.append(f"trained_on_forgotten_user({','.join(forgotten)})")
             rows.append({"tenant": t, "task": k, "version": v.version, "parent": m.get("parent_version"),
                          "turns": (m.get("data_window") or {}).get("turns"), "created": m.get("created_at"),
                          "marks": marks, "mlflow_run": m.get("mlflow_run_id")})

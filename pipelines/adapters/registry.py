@@ -18,6 +18,9 @@ from pipelines.tracking import client
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
+# version tag: the forget requests (comma-separated ids) of users this version trained on, itself or
+# through an ancestor (pipelines/rights/forget.py; the adapter store's mark `store.FORGOTTEN` says the same)
+FORGOTTEN_TAG = "tracerl.trained_on_forgotten_user"
 
 
 def model_name(tenant: str, task: str) -> str:

@@ -28,6 +28,8 @@ from pipelines.durable import fsync_tree
 
 READY = "READY"
 META = "tracerl.json"
+MARKS = "tracerl.marks.json"  # marks added after publishing (``AdapterStore.mark``); never part of the weights
+FORGOTTEN = "trained_on_forgotten_user"  # mark: {forget request id: {"policy", "why"}} (pipelines/rights/forget.py)
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 REQUIRED_META = ("parent_version", "base_model_hash", "data_window", "reward_spec_version", "config", "metrics")
 # Used with fullmatch only: `$` would also match before a trailing newline ("acme\n").
@@ -152,7 +154,24 @@ class AdapterStore:
         if not (path / READY).is_file():
             raise KeyError(f"{lora_name(tenant, task, version)} is not a published adapter (no {READY} in {path})")
         meta = json.loads((path / META).read_text())
+        marks = path / MARKS
+        if marks.is_file():
+            meta["marks"] = json.loads(marks.read_text())
         return AdapterVersion(tenant, task, int(version), path, meta)
+
+    def mark(self, tenant: str, task: str, version: int, key: str, entry: str, value: Any) -> dict[str, Any]:
+        """Add ``{key: {entry: value}}`` to the version's marks (``meta["marks"]`` on reading): a
+        sidecar written atomically beside the immutable files, under the task's lock. Idempotent."""
+        from pipelines.durable import write_json_atomic
+
+        av = self.get(tenant, task, version)
+        with self._lock(tenant, task):
+            path = av.path / MARKS
+            marks = json.loads(path.read_text()) if path.is_file() else {}
+            if marks.get(key, {}).get(entry) != value:
+                marks.setdefault(key, {})[entry] = value
+                write_json_atomic(path, marks)
+        return marks
 
     def targets(self) -> list[tuple[str, str]]:
         """Every (tenant, task) with a folder in the store, sorted (folders with unsafe names skipped)."""

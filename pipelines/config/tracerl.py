@@ -1,7 +1,7 @@
 """``TracerlConfig``: the whole settings tree, and the effective settings of one tenant/task.
 
 Per-target settings: ``[targets."<tenant>"]`` and ``[targets."<tenant>/<task>"]`` hold partial
-``learner``, ``train``, ``gate``, ``reward``, ``canary`` and ``judge`` tables, deep-merged over the global sections:
+``learner``, ``train``, ``gate``, ``reward``, ``canary``, ``judge`` and ``privacy`` tables, deep-merged over the global sections:
 tenant/task entry over tenant entry over global (``for_target``). They are checked when the config
 is built, by the same types, so an unknown key or a bad value in an override fails at load time.
 The other sections are process-wide: one broker, one lake, one tracking store, one vLLM and one
@@ -25,13 +25,15 @@ from pipelines.config.kafka import KafkaConfig
 from pipelines.config.learner import LearnerConfig
 from pipelines.config.mlflow import MlflowConfig
 from pipelines.config.parse import SECTION, ConfigError, merge, parse, plain
+from pipelines.config.privacy import PrivacyConfig
 from pipelines.config.reward import RewardConfig
 from pipelines.config.serve import ServeConfig
 from pipelines.config.tables import TableStore, TablesConfig
 from pipelines.config.train import TrainConfig
 from pipelines.contract.validate import IDENT
 
-PER_TARGET = ("learner", "train", "gate", "reward", "canary", "judge")  # sections a [targets."..."] entry may override
+PER_TARGET = ("learner", "train", "gate", "reward", "canary", "judge", "privacy")  # sections a [targets."..."] entry may override
+PER_TENANT_ONLY = ("privacy",)  # ... in a [targets."<tenant>"] entry only, never a "<tenant>/<task>" one
 
 
 @dataclass(config=SECTION)
@@ -52,7 +54,8 @@ class TracerlConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
-    # "<tenant>" or "<tenant>/<task>" -> partial {learner, train, gate, reward, canary, judge} tables (TOML-shaped)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    # "<tenant>" or "<tenant>/<task>" -> partial {learner, train, gate, reward, canary, judge, privacy} tables (TOML-shaped)
     targets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -156,6 +159,10 @@ class TracerlConfig:
             raise ConfigError(f"{where}.train.base_model: one base model serves every adapter (vLLM hosts them "
                               f"all on it); set train.base_model globally")
         self._effective(self._entries(tenant, task or None), where)
+        per_tenant = sorted(set(entry) & set(PER_TENANT_ONLY)) if task else []
+        if per_tenant:
+            raise ConfigError(f"{where}: {', '.join(per_tenant)} is set per tenant, not per task (feedback and tool "
+                              f"outcomes need not name their task): set it in targets.\"{tenant}\"")
 
 
 def _where(key: str) -> str:

@@ -9,7 +9,12 @@ Rules of the contract (also in docs/trace-contract.md):
   so one trace's events stay ordered within one partition;
 - `schema_version` is the *major* version: a breaking change bumps it;
   adding an optional field does not, and consumers keep unknown fields;
-- a field with a default is optional; `None` means "not sent".
+- a field with a default is optional; `None` means "not sent";
+- `user` (every event type, optional) names the end user the event is about, as a pseudonym:
+  the gateway sends `u_` + 32 hex (HMAC-SHA256 of the app's user id with the tenant's secret,
+  `pipelines/privacy/pseudonym.py`); a direct producer may send its own id, which ingest replaces
+  by that pseudonym before it lands (docs/privacy.md). At most `MAX_USER` characters, no control
+  characters.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ FeedbackKind = Literal[
 SessionOutcome = Literal["completed", "abandoned"]
 Arm = Literal["champion", "challenger"]  # which side of a canary served a turn
 Role = Literal["system", "user", "assistant", "tool"]
+MAX_USER = 256  # characters of an event's `user` (OpenAI's `user` field, or a producer's own id)
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class Event:
     event_time: str = field(default_factory=now_rfc3339)
     schema_version: int = SCHEMA_VERSION
     task: str | None = None
+    user: str | None = None  # the end user, pseudonymous in the lake (module docstring; docs/privacy.md)
 
     def to_dict(self) -> dict[str, Any]:
         """The wire form: fields left at None are omitted, `type` is added."""

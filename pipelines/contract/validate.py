@@ -27,7 +27,7 @@ from typing import Any, Callable, Literal
 import orjson
 
 from pipelines.contract.events import (
-    EVENT_TYPES, SUPPORTED_SCHEMA_VERSIONS, V1_ADAPTER_VERSION, Event, Feedback, Minimum, ModelTurn,
+    EVENT_TYPES, MAX_USER, SUPPORTED_SCHEMA_VERSIONS, V1_ADAPTER_VERSION, Event, Feedback, Minimum, ModelTurn,
 )
 
 # Reasons a message is quarantined; stable strings, queryable in the lake.
@@ -350,6 +350,37 @@ def _check_ident(obj: dict, name: str) -> None:
         raise ValidationError(INVALID_VALUE, f"{name} {short(v)} must match {IDENT.pattern} (letters, digits, . _ -)")
 
 
+# What an event's `user` may not hold: C0 and C1 control characters, DEL, and the Unicode line and
+# paragraph separators (a user id is one line of text; a log line or a header must not break on it).
+USER_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def user_problem(v: str) -> str | None:
+    """Why ``v`` (a string) is not a valid `user`, or None: empty, over `MAX_USER` characters,
+    or holding a control character. One rule for the gateway (a 400) and ingest (quarantined)."""
+    if not v:
+        return "must not be empty (leave the field out for no user)"
+    if len(v) > MAX_USER:
+        return f"is {len(v)} characters, over the {MAX_USER}-character limit"
+    bad = USER_CONTROL.search(v)
+    if bad:
+        return f"holds the control character U+{ord(bad.group()):04X} at character {bad.start()}"
+    if not v.isascii():
+        try:
+            v.encode()
+        except UnicodeEncodeError as e:
+            return f"holds a lone surrogate at character {e.start}: it must be valid Unicode"
+    return None
+
+
+def _check_user(obj: dict) -> None:
+    v = obj.get("user")
+    if v is not None:
+        why = user_problem(v)
+        if why:
+            raise ValidationError(INVALID_VALUE, f"user {why} (the id itself is not repeated here)")
+
+
 def parse_time(s: str) -> datetime:
     """An event_time as an aware datetime within [TIME_MIN, TIME_MAX] once in UTC, or ValidationError."""
     try:
@@ -391,6 +422,7 @@ def _validate(obj: Any) -> dict:
             raise ValidationError(INVALID_VALUE, f"{name} {n} is outside 0 to {_I32_MAX}")
     _check_ident(obj, "tenant")
     _check_ident(obj, "task")
+    _check_user(obj)
     parse_time(obj["event_time"])
     if extra:
         extra(obj)

@@ -17,6 +17,15 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   turn with ``train: false``: it lands and gets rewards, the learner never trains on it
   (evaluation traffic, users without consent). Anything but a JSON boolean there, or anything
   but true/false in the header, or the two disagreeing, is a 400 naming the field.
+- The end user (docs/privacy.md): OpenAI's ``user`` field, or the header ``X-Tracerl-User`` for
+  apps that cannot set it (the body wins when both are sent), is recorded on every event the
+  request makes (the turn, the tool outcomes it carries) as the tenant's keyed pseudonym
+  (``pipelines.privacy.pseudonym``: ``u_`` + 32 hex), never in clear; feedback, tool calls and
+  session ends posted to ``/v1/feedback`` carry the one they name (body or header), else the one
+  their trace's turns had (remembered for the last 100k traces). Empty, over 256 characters, or
+  holding a control character: a 400 naming ``user`` or the header. With the tenant's
+  ``privacy.redact_pii``, e-mail addresses, phone, card and IBAN numbers are replaced by
+  placeholders in what is recorded (``pipelines.privacy.redact``), never in the answer.
 - Tools: ``tools`` (OpenAI function tools) with ``tool_choice`` "auto" (the default) are rendered
   into the system prompt, hermes style (``pipelines.contract.tool_calls``), and the reply is
   parsed: well-formed ``<tool_call>`` calls come back as ``message.tool_calls`` (arguments a JSON
@@ -45,6 +54,9 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   is the reconciler's swap primitive (``service.swap``), not an operator route: it swaps without
   reading the registry, and a swap the alias does not name is undone by the next reconcile.
   ``GET /admin/swaps?limit=``, ``GET /admin/stats`` (admin key).
+- Users' data rights (issue #42, docs/privacy.md): ``POST /admin/forget {tenant, user, who?}`` files a
+  forget request (202) for ``forget_job``; ``POST /admin/consent {tenant, user, consent, reason?, who?}``
+  records a training opt-out or opt-in. The admin key, or the tenant's own key for its own users.
 - Canary (admin key, issue #15): ``POST /admin/canary {tenant, task, version, share?, who?, why}``
   loads a challenger that serves ``share`` (default ``canary.share``) of the route's conversations,
   sticky per ``user`` (the OpenAI field) or else per trace; ``POST /admin/canary/share`` changes the
@@ -109,8 +121,10 @@ from pipelines.deploy.keys import KeyRing
 from pipelines.deploy.routing import Router, UnknownModel
 from pipelines.deploy.schemas import ChatRequest, parse
 from pipelines.deploy.upstreams import NoReplica
+from pipelines.privacy.policy import Privacy
 
 TRAIN_HEADER = schemas.TRAIN_HEADER  # "false": record the turn as never to be trained on
+USER_HEADER = schemas.USER_HEADER    # the end user, for apps that cannot set the body's `user`
 ECHOED = ("trace_id", "turn_id", "adapter_version", "train")  # the response's `tracerl` block
 BYTES_PER_OUTPUT_TOKEN = 64    # an output token's share of the event: text, id, logprob (JSON)
 DEFAULT_OUTPUT_TOKENS = 4096   # the room kept for the output when the request sets no limit
@@ -164,13 +178,16 @@ class Gateway:
         self._tasks: list[asyncio.Task] = []  # the health probes and the reconcile loop
         self.last_reconcile: dict[str, Any] = {}
         self._turns: OrderedDict[str, int] = OrderedDict()  # trace -> next turn index (bounded)
+        self._trace_users: OrderedDict[str, str] = OrderedDict()  # trace -> its user's pseudonym (bounded)
+        self.privacy = Privacy(self.cfg)  # pseudonyms, and PII redaction where a tenant asks for it
         self._openapi = schemas.openapi()
         self.max_event_bytes = emitter.cfg.ingest.max_event_bytes
         self.session: ClientSession | None = None
         self.lake_lag: LagWatch | None = None
         self.counts = {"requests": 0, "upstream_errors": 0, "upstream_retries": 0, "client_disconnects": 0,
                        "reconciles": 0, "reconcile_swaps": 0, "reconcile_errors": 0, "swept": 0, "sweep_errors": 0,
-                       "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0, "record_errors": 0}
+                       "prompt_ids_dropped": 0, "tool_results": 0, "tool_results_not_ours": 0, "record_errors": 0,
+                       "redacted_events": 0}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.gcfg.max_body_bytes, middlewares=[errors_as_json])
@@ -187,6 +204,8 @@ class Gateway:
         app.router.add_get("/admin/canary", self.admin_canaries)
         app.router.add_post("/admin/canary/share", self.admin_canary_share)
         app.router.add_post("/admin/canary/stop", self.admin_canary_stop)
+        app.router.add_post("/admin/forget", self.admin_forget)
+        app.router.add_post("/admin/consent", self.admin_consent)
         app.router.add_get("/health", self.health)
         app.router.add_get("/openapi.json", self.openapi)
         app.on_startup.append(self._open)
@@ -320,9 +339,52 @@ class Gateway:
                                 f"{str(header).lower()}; send one of them", "tracerl.train", code="invalid_train_flag")
         return next((v for v in (header, ext.train) if v is not None), True)
 
+    def _user(self, request: web.Request, tenant: str, body_user: str | None, trace_id: str | None,
+              remember: bool = False) -> str | None:
+        """The pseudonym of the request's end user: the body's ``user`` (already checked by its
+        schema), else the ``X-Tracerl-User`` header (checked here: a 400 naming it), else the one
+        this trace's turns had (None: no user). ``remember``: a chat turn's, kept per trace for the
+        feedback and session end that name none."""
+        raw = body_user
+        if raw is None:
+            sent = request.headers.getall(USER_HEADER, [])
+            if len(sent) > 1:
+                raise ApiError(400, f"header {USER_HEADER} is sent {len(sent)} times; send it once", USER_HEADER,
+                               code="invalid_user")
+            if sent:
+                raw = sent[0]
+                try:
+                    schemas.parse(schemas.UserHeader, {"user": raw})
+                except ApiError as err:
+                    raise ApiError(400, f"header {USER_HEADER}: {err.message.split(': ', 1)[-1]}", USER_HEADER,
+                                   code="invalid_user") from None
+        if raw is None:
+            return self._trace_users.get(trace_id) if trace_id else None
+        user = self.privacy.pseudonym(tenant, raw)
+        if remember and trace_id:
+            self._trace_users[trace_id] = user
+            self._trace_users.move_to_end(trace_id)
+            while len(self._trace_users) > 100_000:
+                self._trace_users.popitem(last=False)
+        return user
+
     def _admin(self, request: web.Request) -> None:
         if not hmac.compare_digest(self._key(request).encode(), self._admin_key.encode()):
             raise ApiError(403, "the admin key is required")
+
+    def _admin_or_own(self, request: web.Request, tenant: str | None = None) -> str:
+        """The admin key, or ``tenant``'s own API key (a tenant answers its own users' requests, never
+        another's: 403; None: any tenant's key, checked before the body is read); who is asking."""
+        key = self._key(request)
+        if hmac.compare_digest(key.encode(), self._admin_key.encode()):
+            return "admin"
+        own = self.keys.tenant_of(key)
+        if own is None:
+            raise ApiError(401, "the admin key or the tenant's API key is required")
+        if tenant is not None and own != tenant:
+            raise ApiError(403, f"the key of tenant {own!r} cannot act for tenant {tenant!r}", "tenant",
+                           code="other_tenant")
+        return f"tenant:{own}"
 
     async def _body(self, request: web.Request) -> Any:
         """The JSON body, size- and depth-guarded; every client mistake is an ApiError 4xx."""
@@ -364,6 +426,13 @@ class Gateway:
             self._turns.popitem(last=False)
         return index
 
+    def _redact(self, event: dict[str, Any]) -> dict[str, Any]:
+        """PII out of what is recorded, where the tenant asks for it (``privacy.redact_pii``); the
+        answer the client gets is built from the original, never from this."""
+        if self.privacy.redacts(event["tenant"]) and self.privacy.apply(event):
+            self.counts["redacted_events"] += 1
+        return event
+
     def _check_event(self, event: dict[str, Any], reserve: int = 0, chat: bool = False) -> None:
         """What the emitter would refuse is refused now: the contract, and the size limit."""
         from pipelines.ingest.producer import encode
@@ -394,17 +463,18 @@ class Gateway:
         if given_trace and not self.owns(tenant, given_trace):
             raise ApiError(404, f"trace {given_trace[:80]!r} is not one of this tenant's traces", "tracerl.trace_id")
         trace_id = given_trace or self.new_trace_id(tenant)
+        user = self._user(request, tenant, req.user, trace_id, remember=True)
         try:  # a canary's side sticks to the user when the app names one, else to the conversation
-            lease = self.router.acquire(tenant, req.model, f"user:{req.user}" if req.user else f"trace:{trace_id}")
+            lease = self.router.acquire(tenant, req.model, f"user:{user}" if user else f"trace:{trace_id}")
         except UnknownModel:
             raise ApiError(404, f"model {req.model[:80]!r} does not exist for this key", "model") from None
         self.counts["requests"] += 1
         try:
             app = ext.app or self.gcfg.app
-            await self._record_tool_results(tenant, trace_id if given_trace else None, lease.task, app, req)
+            await self._record_tool_results(tenant, trace_id if given_trace else None, lease.task, app, req, user)
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
                     "adapter_version": int(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
-                    "app": app, "train": train}
+                    "app": app, "train": train, "user": user}
             provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
                                            finish=None, latency_ms=0.0)
             self._check_event(provisional, self._output_room(req), chat=True)
@@ -418,7 +488,7 @@ class Gateway:
             self.router.release(lease)
 
     async def _record_tool_results(self, tenant: str, trace_id: str | None, task: str, app: str,
-                                   req: ChatRequest) -> None:
+                                   req: ChatRequest, user: str | None = None) -> None:
         """The ``tool`` messages answering this trace's calls, as the calling turns' tool_call events
         (before the model is asked, so a failed upstream call loses none). Without the trace id
         (a new trace) no call can be proved ours."""
@@ -427,7 +497,9 @@ class Gateway:
         self.counts["tool_results_not_ours"] += foreign
         events = [ToolCall(tenant=tenant, app=app, trace_id=trace_id, task=task, turn_id=r.turn_id,
                            event_id=r.event_id, call_id=r.call_id, name=r.name, arguments=r.arguments,
-                           outcome=r.outcome, error=r.error).to_dict() for r in found]
+                           outcome=r.outcome, error=r.error, user=user).to_dict() for r in found]
+        for event in events:
+            self._redact(event)
         for event in events:  # all checked before any is sent: a refused request records nothing
             self._check_event(event)
         await self._record(*events)
@@ -649,12 +721,12 @@ class Gateway:
                          adapter_version=turn["adapter_version"], input_messages=messages, output_text=text,
                          output_token_ids=token_ids, output_logprobs=logprobs, prompt_token_ids=prompt_ids,
                          sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2),
-                         train=turn["train"], arm=lease.arm).to_dict()
+                         train=turn["train"], arm=lease.arm, user=turn["user"]).to_dict()
 
     async def _emit(self, lease, turn, req, **outputs) -> None:
         """Record the served turn (``_record``). Prompt ids are optional in the contract (the learner
         can re-tokenize): they are the first thing left out of an event that would be oversize."""
-        event = self._turn_event(lease, turn, req, **outputs)
+        event = self._redact(self._turn_event(lease, turn, req, **outputs))
         if event.get("prompt_token_ids") and len(wire_json(event)) > self.max_event_bytes:
             event.pop("prompt_token_ids")
             self.counts["prompt_ids_dropped"] += 1
@@ -681,7 +753,8 @@ class Gateway:
         if "turn_id" in fields and not self.owns_turn(tenant, trace_id, fields["turn_id"]):
             raise ApiError(404, f"turn {fields['turn_id'][:80]!r} is not a turn of trace {trace_id[:80]!r}", "turn_id")
         fields.setdefault("app", self.gcfg.app)
-        event = EVENT_TYPES[kind](tenant=tenant, **fields).to_dict()
+        fields["user"] = self._user(request, tenant, fields.pop("user", None), trace_id)
+        event = self._redact(EVENT_TYPES[kind](tenant=tenant, **fields).to_dict())
         self._check_event(event)
         await self._record(event)
         return web.json_response({"event_id": event["event_id"], "trace_id": event["trace_id"]}, status=202)
@@ -805,6 +878,42 @@ class Gateway:
                 record["registry"] = operations.record_canary(self.cfg, b.tenant, b.task, stopped, False, b.who or "admin", b.why)
             return record
         return await self._canary(request, schemas.CanaryStopRequest, run)
+
+    async def admin_forget(self, request: web.Request) -> web.Response:
+        """``tracerl forget`` filed over HTTP (issue #42): the request is recorded at once (a durable
+        file, the pseudonym only) and `forget_job` (its hourly schedule, or ``tracerl forget``) carries it
+        out; 202 with the request's id and status. Asking again for an open request returns it."""
+        from pipelines.privacy import forget_requests
+
+        self._admin_or_own(request)
+        body = parse(schemas.ForgetRequest, await self._body(request))
+        who = body.who or self._admin_or_own(request, body.tenant)
+        self._known_tenant(body.tenant)
+        filed = await asyncio.to_thread(forget_requests.file_request, self.cfg, body.tenant, body.user, who)
+        return web.json_response({k: filed[k] for k in ("id", "tenant", "user", "status", "requested_at")},
+                                 status=202)
+
+    async def admin_consent(self, request: web.Request) -> web.Response:
+        """A user's training consent (issue #42, pipelines/lake/consent.py): from now on their turns are
+        trained on (``consent: true``) or not; the record holds the pseudonym, never the app's id."""
+        from pipelines.lake.consent import ConsentError, record_consent
+
+        self._admin_or_own(request)
+        body = parse(schemas.ConsentRequest, await self._body(request))
+        who = body.who or self._admin_or_own(request, body.tenant)
+        self._known_tenant(body.tenant)
+        user = self.privacy.pseudonym(body.tenant, body.user)
+        try:
+            rec = await asyncio.to_thread(record_consent, self.cfg, body.tenant, user, body.consent, who, body.reason)
+        except ConsentError as err:
+            raise ApiError(400, str(err), code="invalid_consent") from None
+        return web.json_response(rec.to_dict(), dumps=lambda o: json.dumps(o, default=str))
+
+    def _known_tenant(self, tenant: str) -> None:
+        """404 for a tenant this deployment does not serve (no key, route or settings of it)."""
+        served = {r.tenant for r in self.router.routes()} | set(self.keys.tenants()) | set(self.cfg.targets)
+        if tenant not in served:
+            raise ApiError(404, f"no tenant {tenant!r} is served here", "tenant", code="unknown_tenant")
 
     async def admin_canaries(self, request: web.Request) -> web.Response:
         self._admin(request)

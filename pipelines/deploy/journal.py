@@ -168,7 +168,11 @@ class Journal:
 
     def _split(self, seg: Segment, covered: dict[Coord, int], current: dict[str, str]) -> Resend:
         events, keep = [], []
-        for i, line in enumerate(seg.path.read_text(errors="replace").splitlines(), 1):
+        try:
+            text = seg.path.read_text(errors="replace")
+        except FileNotFoundError:  # deleted under us (retention, past its period): nothing left to send
+            return Resend(seg.path, [], [])
+        for i, line in enumerate(text.splitlines(), 1):
             try:
                 coord, offset, raw = parse_line(line)
                 if offset <= covered.get(coord, -1):

@@ -29,14 +29,15 @@ import json
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, RootModel, StringConstraints, ValidationInfo,
+from pydantic import (AfterValidator, StrictBool, BaseModel, ConfigDict, Field, RootModel, StringConstraints, ValidationInfo,
                       WithJsonSchema, create_model, field_validator)
 from pydantic import ValidationError as PydanticError
 from pydantic_core import PydanticCustomError
 
 from pipelines.contract.tool_calls import call_prefix, render_assistant_tool_calls, with_tools
 
-from pipelines.contract.events import EVENT_TYPES, Event
+from pipelines.contract.events import EVENT_TYPES, MAX_USER, Event
+from pipelines.contract.validate import user_problem
 from pipelines.deploy.errors import ApiError
 
 MAX_ID = 256                 # trace, turn, event and call ids
@@ -52,6 +53,18 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for names
+
+
+def _user_ok(v: str) -> str:
+    """The contract's rule for a user id (``validate.user_problem``): what ingest would quarantine is a 400."""
+    why = user_problem(v)
+    if why:
+        raise PydanticCustomError("invalid_user", "the user id {why}", {"why": why})
+    return v
+
+
+# The end user (OpenAI's `user`): recorded on the request's events as the tenant's pseudonym, never in clear
+User = Annotated[str, StringConstraints(min_length=1, max_length=MAX_USER), AfterValidator(_user_ok)]
 
 
 class Strict(BaseModel):
@@ -215,6 +228,12 @@ class ChatMessage(Strict):
         return own or ""
 
 
+class UserHeader(Strict):
+    """The ``X-Tracerl-User`` header, checked by the body field's rule."""
+
+    user: User
+
+
 class TracerlExtension(Strict):
     """Continue a trace: its id (from an earlier response), this turn's index, the calling app;
     ``train: false`` records a turn the learner must never train on (eval traffic, no consent)."""
@@ -244,7 +263,7 @@ class ChatRequest(Strict):
                        Field(max_length=4)] | None) = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    user: Name | None = None
+    user: User | None = None  # recorded as a pseudonym (docs/privacy.md); also the canary's sticky key
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Annotated[Any, WithJsonSchema(_TOOL_CHOICE_DOC)] = None  # checked by _choice
     tracerl: TracerlExtension | None = None
@@ -324,7 +343,7 @@ class ChatRequest(Strict):
 # -- feedback, tool calls, session ends: from the contract ---------------------------------------
 
 _LIMITS: dict[str, Any] = {"tenant": Ident, "trace_id": Id, "turn_id": Id, "event_id": Id, "call_id": Id, "app": Name,
-                           "name": Name, "task": Ident, "event_time": Name, "text": Text, "error": Text}
+                           "name": Name, "task": Ident, "event_time": Name, "text": Text, "error": Text, "user": User}
 
 
 def _field_type(name: str, hint: Any) -> Any:
@@ -446,6 +465,25 @@ class CanaryStopRequest(Strict):
     why: Why
 
 
+class ForgetRequest(Strict):
+    """``POST /admin/forget``: one of the tenant's users asked to be forgotten (issue #42). ``user``
+    is the app's id, as it sends it in ``user``; only its pseudonym is kept."""
+
+    tenant: Ident
+    user: User
+    who: Name | None = None
+
+
+class ConsentRequest(Strict):
+    """``POST /admin/consent``: a user of the tenant opts out of training (``consent: false``) or in."""
+
+    tenant: Ident
+    user: User
+    consent: StrictBool
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=500)] | None = None
+    who: Name | None = None
+
+
 class SwapsQuery(BaseModel):
     """Query strings are text: ``limit=5`` is read as the integer 5 (lax), ``limit=x`` is a 400."""
 
@@ -481,7 +519,7 @@ def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
 CANARY_BODIES = (CanaryRequest, CanaryShareRequest, CanaryStopRequest)
 _FIELDS = _field_names([TextPart, FunctionDef, FunctionTool, CalledFunction, AssistantToolCall, ChatMessage,
                         TracerlExtension, ChatRequest, RollbackRequest, DeployRequest, SwapRequest, SwapsQuery,
-                        *CANARY_BODIES, *FEEDBACK_BODIES.values()])
+                        ForgetRequest, ConsentRequest, *CANARY_BODIES, *FEEDBACK_BODIES.values()])
 
 
 def _param(loc: tuple, keep_last: bool = False) -> str | None:
@@ -534,6 +572,12 @@ TRAIN_PARAM = {"name": TRAIN_HEADER, "in": "header", "required": False,
                "description": "false: record the turn with train=false (it lands and gets rewards, the learner "
                               "never trains on it: eval traffic, users without consent). Same as the body's "
                               "tracerl.train; sending both with different values is a 400. Default true."}
+USER_HEADER = "X-Tracerl-User"  # the end user, for apps that cannot set the body's `user`
+USER_PARAM = {"name": USER_HEADER, "in": "header", "required": False,
+              "schema": {"type": "string", "minLength": 1, "maxLength": MAX_USER},
+              "description": "the end user's id, for apps that cannot set the body's `user` (the body wins when "
+                             "both are sent). Recorded on every event of the request as the tenant's keyed "
+                             "pseudonym (u_ + 32 hex), never in clear; no control characters."}
 CHAT_DESCRIPTION = ("The response's `tracerl` block (the first chunk when streaming) carries trace_id, turn_id, "
                     "adapter_version and train: the effective flag the turn was recorded with (header "
                     "X-Tracerl-Train or tracerl.train, true when neither is sent).")
@@ -587,10 +631,10 @@ def openapi(version: str = "1") -> dict[str, Any]:
             "adminKey": {"type": "http", "scheme": "bearer", "description": "the admin key"}}},
         "paths": {
             "/v1/chat/completions": {"post": _op("Chat completion (JSON or SSE), recorded as a ModelTurn",
-                                                 "tenantKey", 200, "ChatRequest", (404, 502), params=[TRAIN_PARAM],
+                                                 "tenantKey", 200, "ChatRequest", (404, 502), params=[TRAIN_PARAM, USER_PARAM],
                                                  description=CHAT_DESCRIPTION, result="ChatCompletion")},
             "/v1/feedback": {"post": _op("Feedback, a tool call or a session end for one of this tenant's traces",
-                                         "tenantKey", 202, "FeedbackRequest", (403, 404))},
+                                         "tenantKey", 202, "FeedbackRequest", (403, 404), params=[USER_PARAM])},
             "/v1/models": {"get": _op("This tenant's public model names", "tenantKey", 200)},
             "/v1/models/{model}": {"get": _op("One of this tenant's models (task, or tenant/task)", "tenantKey", 200,
                                               errors=(404,), params=[

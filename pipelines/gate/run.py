@@ -33,7 +33,7 @@ from pipelines.gate.live_estimate import offpolicy_verdict
 from pipelines.gate.reply_cache import ReplyCache, weights_key
 from pipelines.gate.offpolicy import WORSE, OffPolicyVerdict
 from pipelines.gate.sequential import sequential_compare
-from pipelines.gate.side_by_side import recent_prompts, side_by_side
+from pipelines.gate.side_by_side import ARTIFACT as SIDE_BY_SIDE, recent_prompts, side_by_side
 from pipelines.gate.signatures import compare_signatures
 from pipelines.gate.stats import compare
 
@@ -329,7 +329,7 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
         vtags.update({f"tracerl.gate.{k}": f"{x:+.4f}" for k, x in gains.items() if x is not None})
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
         if result.side_by_side:
-            mlflow.log_table(data=result.side_by_side, artifact_file="gate/side_by_side.json")
+            mlflow.log_table(data=result.side_by_side, artifact_file=SIDE_BY_SIDE)
         mlflow.log_dict({name: {"fingerprint": by_name[name].fingerprint,
                                 "items": [{"hash": it.hash, "candidate": a, "champion": b}
                                           for it, a, b in zip(by_name[name].items, sc[0], sc[1])]}

@@ -22,6 +22,8 @@ from pipelines.gate.evaluate import Backend, Sampling, item_seed
 from pipelines.lake.query import connect
 
 MAX_CHARS = 2000  # per cell: a review table, not a transcript store
+ARTIFACT = "gate/side_by_side.json"  # on the gate run; it quotes traffic, so retention deletes it
+                                     # with the period (pipelines/rights/retention.py)
 
 
 def recent_prompts(cfg: TracerlConfig, tenant: str, task: str, n: int, evals: EvalHashes) -> list[list[dict]]:

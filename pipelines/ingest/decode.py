@@ -5,11 +5,16 @@ and hold the GIL. So each polled chunk goes to a worker process, which returns
 finished Arrow tables, while the main process keeps fetching from Kafka: the
 two cores overlap instead of taking turns. Small chunks (tests, a quiet topic)
 are decoded inline and never start a process. Both paths run `decode_chunk`.
+
+An event's `user` that is not a pseudonym already (a direct producer's own id: the gateway sends
+pseudonyms) is replaced by the tenant's pseudonym (`pipelines.privacy.pseudonym`) in the stored
+payload and the `user_id` column, so the lake never holds a user id in clear (docs/privacy.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -20,15 +25,18 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.contract.validate import (
     FIELDS, INTERNAL_ERROR, ValidationError, check_topic_tenant, decode_message, parse_time,
 )
 from pipelines.lake.tables import EVENTS_SCHEMA, HOT_COLUMNS, QUARANTINE_SCHEMA
+from pipelines.privacy.pseudonym import is_pseudonym, pseudonym
 
-# Columns carried beside the stored schema until landing: hive partition keys
-# and the record's position in the batch (to apply the main process's filters).
-ROUTING = [("tenant", pa.string()), ("day", pa.string()), ("row", pa.int64())]
+# Columns carried beside the stored schema until landing: hive partition keys, the payload to
+# store where ingest changed the message (a user id pseudonymized; NULL: the bytes as sent), and
+# the record's position in the batch (to apply the main process's filters).
+ROUTING = [("tenant", pa.string()), ("day", pa.string()), ("rewritten", pa.string()), ("row", pa.int64())]
 EVENTS_WITH_ROUTING = pa.schema(list(EVENTS_SCHEMA) + [pa.field(n, t) for n, t in ROUTING])
 # What `Decoder` returns: the raw bytes stay out. The poller holds them, and ingest adds each
 # partition's as it stages it (`with_payload`): sending ~1 KB an event back from a worker, and
@@ -74,7 +82,8 @@ def last_user_text(messages) -> str | None:
 
 
 def hot_fields(e: dict) -> tuple:
-    """The hot columns of one *validated* event, in `tables.HOT_COLUMNS` order.
+    """The hot columns of one *validated* event, in `tables.HOT_COLUMNS` order (its `user` must be
+    a pseudonym by now: `pseudonymize`).
 
     Only the fields its type defines (others stay NULL); types are already
     checked by the validator, so this only copies, plus the int32/float64
@@ -87,25 +96,47 @@ def hot_fields(e: dict) -> tuple:
     if t == "model_turn":
         i, ms = e["turn_index"], g("latency_ms")
         return (None, None, None, None, None, None, None, None, i if _I32_MIN <= i <= _I32_MAX else None,
-                ms if type(ms) is float else _f64(ms), g("output_text"), last_user_text(g("input_messages") or ()))
+                ms if type(ms) is float else _f64(ms), g("output_text"), last_user_text(g("input_messages") or ()),
+                g("user"))
     if t == "feedback":
         return (g("kind"), _f64(g("value")), _f64(g("scale_min")), _f64(g("scale_max")), g("sentiment"),
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, g("user"))
     if t == "tool_call":
         a, ms = g("attempt"), g("latency_ms")
         if a is not None and not _I32_MIN <= a <= _I32_MAX:
             a = None
         return (g("outcome"), None, None, None, None, None, g("call_id"), a, None,
-                ms if type(ms) is float else _f64(ms), None, None)
+                ms if type(ms) is float else _f64(ms), None, None, g("user"))
     if t == "session_end":
-        return (g("outcome"), None, None, None, None, g("task_success"), None, None, None, None, None, None)
+        return (g("outcome"), None, None, None, None, g("task_success"), None, None, None, None, None, None,
+                g("user"))
     return (None,) * len(HOT_COLUMNS)
 
 
+def pseudonymize(e: dict, value: bytes, home: str | None) -> str | None:
+    """Replace a validated event's clear `user` by the tenant's pseudonym: in ``e`` (the hot
+    column) and in the payload to store, which this returns (None: nothing to change, the bytes
+    as sent are stored). The payload is the message as sent, parsed again and written back with
+    only `user` changed (key order kept)."""
+    user = e.get("user")
+    if user is None or is_pseudonym(user):
+        return None
+    if home is None:
+        raise RuntimeError("ingest has no home folder for the tenants' secrets: a clear user id cannot be "
+                           "pseudonymized, so it is not landed")
+    e["user"] = pseudonym(home, e["tenant"], user)
+    obj = json.loads(bytes(value).decode("utf-8"))  # accepted by decode_message: strict UTF-8, unique keys
+    obj["user"] = e["user"]
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
-                 topic_tenants: dict[str, str] | None = None, payload: bool = True) -> tuple[pa.Table, pa.Table]:
+                 topic_tenants: dict[str, str] | None = None, payload: bool = True,
+                 home: str | None = None) -> tuple[pa.Table, pa.Table]:
     """A chunk as (events, quarantine) tables; never raises, every message lands in one of them.
     Without `payload`, the events table leaves its payload column out (`Decoder` does: see `PAYLOAD`).
+    ``home``: where the tenants' pseudonym secrets are (`pseudonymize`; None: an event with a
+    clear user id is quarantined as `internal_error`, never landed in clear).
 
     Each message is decoded on its own, and anything unexpected quarantines that message as
     `internal_error`; if the events table still cannot be built, the rows that break it are
@@ -119,7 +150,8 @@ def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
             e = decode_message(value, max_bytes)
             if tenants:
                 check_topic_tenant(e, topic, tenants)
-            rows.append(_event_row(e, topic, part, chunk.offsets[i], now_ms, run_id, first + i))
+            rewritten = pseudonymize(e, value, home)
+            rows.append(_event_row(e, topic, part, chunk.offsets[i], now_ms, run_id, first + i, rewritten))
         except ValidationError as err:
             bad.append(_bad_row(chunk, i, err.reason, str(err), now_ms, run_id))
         except Exception as err:  # a bug of ours, not the producer's: keep the bytes, keep going
@@ -136,17 +168,23 @@ def decode_chunk(chunk: Chunk, max_bytes: int, run_id: str, now_ms: int,
 def with_payload(events: pa.Table, values: list, first_row: int = 0) -> pa.Table:
     """`events` (without their payload) with the raw message of each row as its payload column
     (`values[0]` is the record at `first_row`): bytes `decode_message` accepted, so strict UTF-8,
-    cast to strings in one C-level, checked call."""
+    cast to strings in one C-level, checked call; or, where ingest changed the message (its
+    `rewritten` column), that."""
     raw = pa.array([bytes(values[i - first_row]) for i in events.column("row").to_pylist()], pa.binary())
-    return events.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD), raw.cast(pa.string()))
+    text = raw.cast(pa.string())
+    rewritten = events.column("rewritten")
+    if rewritten.null_count < len(rewritten):
+        text = pc.coalesce(rewritten.combine_chunks(), text)
+    return events.add_column(PAYLOAD, EVENTS_WITH_ROUTING.field(PAYLOAD), text)
 
 
-def _event_row(e: dict, topic: str, part: int, offset: int, now_ms: int, run_id: str, row: int) -> tuple:
+def _event_row(e: dict, topic: str, part: int, offset: int, now_ms: int, run_id: str, row: int,
+               rewritten: str | None = None) -> tuple:
     t = parse_time(e["event_time"]).astimezone(timezone.utc)
     turn_id = e.get("turn_id") if "turn_id" in FIELDS[e["type"]] else None  # an unknown field elsewhere
     return (e["event_id"], e["type"], e["schema_version"], e["app"], e.get("task"), e["trace_id"],
             turn_id, int(t.timestamp() * 1000), topic, part, offset,
-            now_ms, run_id, *hot_fields(e), e["tenant"], t.date().isoformat(), row)
+            now_ms, run_id, *hot_fields(e), e["tenant"], t.date().isoformat(), rewritten, row)
 
 
 _TS_MAX = 253402300799999  # 9999-12-31T23:59:59.999Z in ms: the last instant a date partition can name
@@ -205,8 +243,9 @@ class Decoder:
     """
 
     def __init__(self, max_bytes: int, workers: int, run_id: str, now_ms: int, parallel_from: int = 2000,
-                 topic_tenants: dict[str, str] | None = None):
+                 topic_tenants: dict[str, str] | None = None, home: str | None = None):
         self.args = (max_bytes, run_id, now_ms, dict(topic_tenants or {}))
+        self.home = None if home is None else str(home)  # the tenants' pseudonym secrets (`pseudonymize`)
         self.workers, self.parallel_from = workers, parallel_from
         self.failure: str | None = None
         self._pool: ProcessPoolExecutor | None = None
@@ -218,7 +257,8 @@ class Decoder:
                 if self._pool is None:  # spawn: never fork a process holding Kafka sockets and threads
                     self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
                                                      initializer=die_with_parent, initargs=(os.getpid(),))
-                self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args, payload=False), chunk))
+                self._parts.append((self._pool.submit(decode_chunk, chunk, *self.args, payload=False,
+                                                      home=self.home), chunk))
                 return
             except Exception as err:  # a broken pool (a worker died): decode here from now on
                 self._failed(err)
@@ -272,7 +312,7 @@ class Decoder:
     def _isolate(self, chunk: Chunk) -> list[tuple[pa.Table, pa.Table]]:
         """`decode_chunk` here, halving a chunk that raises until each message that raises is alone."""
         try:
-            return [decode_chunk(chunk, *self.args, payload=False)]
+            return [decode_chunk(chunk, *self.args, payload=False, home=self.home)]
         except Exception as err:
             self._failed(err)
             n = len(chunk.values)

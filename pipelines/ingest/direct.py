@@ -4,6 +4,9 @@ For what has its events in hand and no broker to go through: the offline simulat
 (pipelines/sim/offline.py, its benchmarks and proofs) and tests. Production traffic always comes
 through Kafka and `run.py` (exactly once, quarantine, watermarks); this writes one Delta commit
 with no watermark, so it must never be mixed into a topic's offsets.
+
+Like ingest, it never stores a user id in clear: an event's `user` that is not a pseudonym is
+pseudonymized with the tenant's secret under ``home``, or refused without one.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pipelines.ingest.decode import hot_fields
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS
 from pipelines.lake.tables import EVENTS_SCHEMA, Columns
+from pipelines.privacy.pseudonym import is_pseudonym, pseudonym
 
 STORED_EVENTS = EVENTS_SCHEMA.append(pa.field("tenant", pa.string())).append(pa.field("date", pa.string()))
 
@@ -31,13 +35,20 @@ def _ms(t: datetime) -> int:
 
 
 def events_table(events: list[Event], ingested_at: datetime | None = None, run_id: str = "direct",
-                 topic: str = "direct") -> pa.Table:
+                 topic: str = "direct", home: Path | str | None = None) -> pa.Table:
     """`events` as ingest stores them: the events columns (`topic` in place of a Kafka topic, partition
-    0, offsets 0..n-1) and the tenant and date partitions."""
+    0, offsets 0..n-1) and the tenant and date partitions. ``home``: the tenants' pseudonym secrets,
+    for events whose `user` is a clear id (ValueError without it)."""
     ing = _ms(ingested_at or datetime.now(timezone.utc))
     groups: dict[tuple[str, str], Columns] = defaultdict(lambda: Columns(EVENTS_SCHEMA))
     for i, e in enumerate(events):
         d = e.to_dict()
+        user = d.get("user")
+        if user is not None and not is_pseudonym(user):
+            if home is None:
+                raise ValueError(f"event {d['event_id']} names a user in clear: pass `home` (its tenant's secret "
+                                 "pseudonymizes it) or a pseudonym (pipelines.privacy.pseudonym)")
+            d["user"] = pseudonym(home, d["tenant"], user)
         t = parse_time(d["event_time"]).astimezone(timezone.utc)
         c = groups[(d["tenant"], t.date().isoformat())]
         for name, v in zip(EVENTS_SCHEMA.names, (
@@ -49,8 +60,9 @@ def events_table(events: list[Event], ingested_at: datetime | None = None, run_i
     return pa.concat_tables(parts) if parts else STORED_EVENTS.empty_table()
 
 
-def land(root: Path | str, events: list[Event], ingested_at: datetime | None = None, topic: str = "direct") -> str:
+def land(root: Path | str, events: list[Event], ingested_at: datetime | None = None, topic: str = "direct",
+         home: Path | str | None = None) -> str:
     """Commit `events` to the lake at `root` as one ingest-like run (one Delta commit); its run id."""
     run_id = f"{topic}-" + uuid.uuid4().hex[:8]
-    delta.append(root, EVENTS, events_table(events, ingested_at, run_id, topic))
+    delta.append(root, EVENTS, events_table(events, ingested_at, run_id, topic, home))
     return run_id

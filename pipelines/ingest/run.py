@@ -300,7 +300,7 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
     gc.disable()
     now_ms = int(time.time() * 1000)
     decoder = Decoder(cfg.ingest.max_event_bytes, cfg.ingest.decode_workers, run_id, now_ms,
-                      cfg.ingest.decode_parallel_from, cfg.ingest.topic_tenants)
+                      cfg.ingest.decode_parallel_from, cfg.ingest.topic_tenants, home=str(cfg.home))
     try:
         records, first = poll_batch(consumer, cfg, max_events or cfg.ingest.max_events, decoder)
         polled = time.monotonic()

@@ -44,7 +44,9 @@ EVENTS = "events"
 QUARANTINE = "quarantine"
 TRAINED_TURNS = "trained_turns"  # the learner's ledger (`ledger.py`)
 REFERENCE = "reference_logprobs"  # the learner's kept reference logprobs (`reference.py`)
+CONSENT = "consent"  # end users' training consent records, append-only (`consent.py`)
 PARTITIONS = {EVENTS: ["tenant", "date"], QUARANTINE: ["date"], TRAINED_TURNS: ["tenant"], REFERENCE: ["tenant"],
+              CONSENT: ["tenant"],
               # the reward stage's (`reward_tables.py`): settled turns and corrections by tenant and
               # date, the open state by the run whose snapshot it is, the run log unpartitioned
               REWARDS: ["tenant", "date"], CORRECTIONS: ["tenant", "date"], PROVISIONAL: ["snapshot"],

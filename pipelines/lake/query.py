@@ -9,6 +9,7 @@ those columns, not parsed from the payload (lake format 2, see `tables.py`).
 
 Views: events, turns, tool_calls, feedback, session_ends, quarantine, and the reward
 stage's rewards and reward_corrections (`register_reward_views`). Every schema is in `tables.py`.
+Each event type's view has `user_id`: the event's `user`, a pseudonym (docs/privacy.md).
 The same views back `tracerl sql` and every later stage (rewards, learner).
 """
 
@@ -45,6 +46,7 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
         ("latency_ms", "latency_ms", "DOUBLE"),
         ("train", "$.train", "BOOLEAN"),  # false: never trained on (eval traffic, no consent)
         ("arm", "$.arm", "VARCHAR"),  # champion | challenger while a canary ran; NULL otherwise
+        ("user_id", "user_id", "VARCHAR"),  # the end user's pseudonym (u_ + 32 hex); NULL: none named
     ]),
     "tool_calls": ("tool_call", [
         ("call_id", "call_id", "VARCHAR"),
@@ -54,6 +56,7 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
         ("error", "$.error", "VARCHAR"),
         ("attempt", "attempt", "INTEGER"),
         ("latency_ms", "latency_ms", "DOUBLE"),
+        ("user_id", "user_id", "VARCHAR"),
     ]),
     "feedback": ("feedback", [
         ("kind", "kind", "VARCHAR"),
@@ -62,11 +65,13 @@ TYPED_VIEWS: dict[str, tuple[str, list[tuple[str, str, str]]]] = {
         ("scale_max", "scale_max", "DOUBLE"),
         ("text", "$.text", "VARCHAR"),
         ("sentiment", "sentiment", "VARCHAR"),
+        ("user_id", "user_id", "VARCHAR"),
     ]),
     "session_ends": ("session_end", [
         ("outcome", "kind", "VARCHAR"),
         ("task_success", "task_success", "BOOLEAN"),
         ("turns", "$.turns", "INTEGER"),
+        ("user_id", "user_id", "VARCHAR"),
     ]),
 }
 
@@ -82,12 +87,13 @@ V1_SOURCES: dict[tuple[str, str], str] = {
 }
 
 
-def _extract(path: str, sql_type: str) -> str:
+def _extract(path: str, sql_type: str, stored: set[str] | None = None) -> str:
     """SQL for one typed column. Defensive, so one bad row can never fail a whole query: the payload
     is parsed with TRY_CAST (`_json`: NULL where malformed) and numbers are TRY_CAST (NULL where out
-    of range). Ingest's validation already keeps such rows out (`contract/validate.py`)."""
+    of range). Ingest's validation already keeps such rows out (`contract/validate.py`). A hot
+    column no file of the lake has yet (a lake older than the column) reads NULL."""
     if not path.startswith("$"):
-        return path  # a stored hot column, already of this type
+        return path if stored is None or path in stored else f"NULL::{sql_type}"  # a stored hot column
     if sql_type == "VARCHAR":
         return f"json_extract_string(_json, '{path}')"
     if sql_type == "JSON":
@@ -99,8 +105,8 @@ def _with_default(sql: str, default: str | None) -> str:
     return sql if default is None else f"COALESCE({sql}, {default})"
 
 
-def _column(view: str, name: str, path: str, sql_type: str) -> str:
-    sql = _extract(path, sql_type)
+def _column(view: str, name: str, path: str, sql_type: str, stored: set[str] | None = None) -> str:
+    sql = _extract(path, sql_type, stored)
     v1 = V1_SOURCES.get((view, name))
     if v1 is not None:
         sql = f"CASE WHEN schema_version = 1 THEN {v1} ELSE {sql} END"
@@ -140,8 +146,9 @@ def create_views(con: duckdb.DuckDBPyConnection, lake_root: str | Path,
     tables = tables or delta.store_of(root)
     events = _source(con, tables, EVENTS, EVENTS_SCHEMA)
     con.execute(f"CREATE OR REPLACE VIEW events AS SELECT * FROM {events}")
+    stored = {r[0] for r in con.execute("DESCRIBE events").fetchall()}
     for view, (event_type, cols) in TYPED_VIEWS.items():
-        typed = ", ".join(_column(view, name, path, t) for name, path, t in cols)
+        typed = ", ".join(_column(view, name, path, t, stored) for name, path, t in cols)
         con.execute(
             f"CREATE OR REPLACE VIEW {view} AS SELECT {_ENVELOPE}, {typed}, _json AS payload "
             f"FROM (SELECT *, TRY_CAST(payload AS JSON) AS _json FROM events WHERE type = '{event_type}')"

@@ -177,12 +177,37 @@ def _commit_point(where: delta.Where, state: RewardState, run: pa.Table, seq: in
     delta.append(where, REWARD_RUNS, run, marks={COMMIT_POINT: seq}, base=state.base, info=info)
 
 
+def record_rewrite(where: delta.Where, removed: set[str], added: set[str]) -> bool:
+    """After a delete rewrote `events` files (`tracerl forget`): the files it wrote in place of
+    ``removed`` (`delta.relative` paths) hold only rows of those, so where every removed file had been
+    read, ``added`` is recorded as read too, in a run row without data that keeps the latest run's id
+    (its open-state snapshot stays the current one). Else the reward stage would read those rows a
+    second time as new, and correct turns it had settled. False where nothing was recorded: nothing
+    added, a removed file not read yet (its rows are new to the reward stage either way), or a lake
+    whose runs do not record their files."""
+    for _ in range(5):
+        state = reward_state(where)
+        read = state.events_read
+        if not added or read is None or not removed <= read or state.run_id is None:
+            return False
+        run = pa.table({"run_id": [state.run_id], "seq": [state.seq + 1], "events_version": [state.events_version],
+                        "committed_at": [int(time.time() * 1e6)], "settled": [0], "provisional": [0],
+                        "corrections": [0], "pending": [0], "events_files": [sorted(added)]}, schema=RUN_SCHEMA)
+        try:
+            _commit_point(where, state, run, state.seq + 1, {"tracerl.run": f"{state.run_id}/rewrite"})
+            return True
+        except delta.CommitConflict:  # a reward run committed meanwhile: look again
+            continue
+    raise delta.CommitConflict("reward runs kept committing while a rewrite of `events` was being recorded")
+
+
 def drop_snapshots(where: delta.Where, keep: int) -> list[str]:
     """Remove the open-state snapshots of committed runs but the last ``keep`` (a reader mid-query
     still has its own); the run ids dropped. Their files go at the next `delta.vacuum`. A snapshot
     of a run not committed is left alone: it may be one in flight."""
     state = reward_state(where)
-    ordered = [r["run_id"] for r in sorted(state.runs.to_pylist(), key=lambda r: r["seq"])]
+    # a run id once, at its last row (`record_rewrite` adds rows under the latest run's id)
+    ordered = list(dict.fromkeys(r["run_id"] for r in sorted(state.runs.to_pylist(), key=lambda r: -r["seq"])))[::-1]
     old = set(ordered[:-keep] if keep else ordered)
     dropped: set[str] = set()
     for dataset in (PROVISIONAL, PENDING):

@@ -14,7 +14,8 @@ of truth. They came with lake format 2 (pre-release, no format-1 lake was
 deployed): a format-1 file beside format-2 files reads NULL in them, and a lake
 of format-1 files only does not bind; re-ingest it from Kafka. `user_text` came
 after format 2: files without it read NULL (the reward stage checks the columns
-it reads: `reward/engine.py`), so no re-ingest is needed for it.
+it reads: `reward/engine.py`), so no re-ingest is needed for it; so did `user_id` (the event's
+`user` as a pseudonym, docs/privacy.md), which the views read NULL where a lake has no file with it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ HOT_COLUMNS = [
     ("output_text", pa.string()),   # model_turn
     ("user_text", pa.string()),     # model_turn: the last user message of input_messages (hindsight
                                     # signals read it); added later: older files read NULL
+    ("user_id", pa.string()),       # every type: the event's `user`, always a pseudonym (u_ + 32 hex:
+                                    # ingest pseudonymizes a clear one); added later: older files read NULL
 ]
 
 EVENTS_SCHEMA = pa.schema([

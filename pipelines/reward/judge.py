@@ -277,16 +277,19 @@ def cache_path(cfg: TracerlConfig) -> Path:
 
 def voted_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int) -> list[tuple[str, list[dict], str, bool]]:
     """(turn id, input messages, reply, liked) of the target's most recent settled turns whose
-    latest reward row carries an explicit vote (thumbs, else rating) that is not 0."""
+    latest reward row carries an explicit vote (thumbs, else rating) that is not 0. Their text goes
+    to the judge's endpoint: a turn marked ``train = false`` or of a user without consent is never
+    one of them."""
+    from pipelines.lake.consent import consented_sql
     from pipelines.lake.query import connect
 
     con = connect(cfg.lake, cfg.table_store)
-    rows = con.execute("""
+    rows = con.execute(f"""
         SELECT turn_id, msgs, output_text, vote FROM (
             SELECT t.turn_id, t.event_time, t.input_messages::VARCHAR AS msgs, t.output_text, r.settled,
                    coalesce(r.thumbs, r.rating) AS vote
             FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
-            WHERE t.tenant = ? AND t.task = ?
+            WHERE t.tenant = ? AND t.task = ? AND t.train AND {consented_sql(con, cfg, tenant)}
             QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1)
         WHERE settled AND vote IS NOT NULL AND vote <> 0
         ORDER BY event_time DESC LIMIT ?""", [tenant, task, limit]).fetchall()

@@ -29,14 +29,14 @@ import numpy as np
 class RewardModelConfig:
     min_auroc: float = 0.65        # refuse a probe whose held-out AUROC is below this
     min_confidence: float = 0.5    # use a prediction only where |2p - 1| >= this
-    holdout_share: float = 0.3     # of the explicitly voted turns, kept out of the fit to score it
+    folds: int = 5                 # the explicitly voted turns are scored out of fold (cross-fitting)
     min_per_class: int = 3         # fewer positives or negatives than this: no fit ("no positives yet")
     l2: float = 1.0                # the logistic regression's C is 1 / l2
     bins: int = 10                 # reliability bins of the calibration error
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not (0.5 <= self.min_auroc <= 1 and 0 <= self.min_confidence <= 1 and 0 < self.holdout_share < 1
+        if not (0.5 <= self.min_auroc <= 1 and 0 <= self.min_confidence <= 1 and self.folds >= 2
                 and self.min_per_class >= 1 and self.l2 > 0 and self.bins >= 2):
             raise ValueError(f"reward model settings out of range: {self}")
 
@@ -107,10 +107,6 @@ class RewardModel:
     def fit(self, examples: Sequence[Example]) -> FitReport:
         """Fit on the labelled turns and score on held-out explicit votes; never raises on data that
         cannot fit (too few labels of a class): the report says so and the model stays unusable."""
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import StandardScaler
-
         c = self.config
         self._clf = None
         positives = sum(e.liked for e in examples if not e.silent)   # silence never makes a class
@@ -120,29 +116,32 @@ class RewardModel:
                                            f"fewer than {c.min_per_class} of a class, nothing to learn from yet",
                                     positives=positives)
             return self.report
-        rng = np.random.default_rng(c.seed)
+        # Scored out of fold: each explicit vote is predicted by a probe fitted without its fold, so
+        # every vote is held out once (with ~5 liked votes in an iteration, a single 30% hold-out
+        # kept one or two of them, and its AUROC swung 0.26 <-> 1.00 by the split alone); the probe
+        # that labels turns is then fitted on all of them.
         explicit = [i for i, e in enumerate(examples) if e.explicit]
-        held = set(rng.choice(explicit, size=int(len(explicit) * c.holdout_share), replace=False).tolist()) \
-            if explicit else set()
-        train = [e for i, e in enumerate(examples) if i not in held]
-        holdout = [examples[i] for i in sorted(held)]
-        if len({e.liked for e in train}) < 2:
-            self.report = FitReport(False, "the turns left to fit on after the hold-out are of one class",
-                                    positives=positives)
-            return self.report
-        # standardized first: hidden units differ in scale by orders of magnitude, and an L2 prior on
-        # raw units would flatten every prediction toward 0.5 (no confident label from a real signal)
-        clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0 / c.l2, class_weight="balanced", max_iter=1000))
-        clf.fit(np.stack([e.features for e in train]), [e.liked for e in train],
-                logisticregression__sample_weight=[e.weight for e in train])
-        self._clf = clf
-        report = FitReport(False, "", n_train=len(train), n_holdout=len(holdout), positives=positives,
+        voted = [examples[i].liked for i in explicit]
+        report = FitReport(False, "", n_train=len(examples), n_holdout=len(explicit), positives=positives,
                            silent=sum(e.silent for e in examples))
-        if holdout:
-            probs = self.predict(np.stack([e.features for e in holdout]))
-            labels = [e.liked for e in holdout]
-            report.auroc = auroc(probs, labels)
-            report.ece, report.reliability = calibration(probs, labels, c.bins)
+        folds = min(c.folds, sum(voted), len(voted) - sum(voted))
+        if folds >= 2:
+            from sklearn.model_selection import StratifiedKFold
+
+            oof = np.full(len(explicit), np.nan)
+            split = StratifiedKFold(folds, shuffle=True, random_state=c.seed).split(np.zeros(len(voted)), voted)
+            for _, held in split:
+                out = {explicit[j] for j in held}
+                train = [e for i, e in enumerate(examples) if i not in out]
+                if len({e.liked for e in train if not e.silent}) == 2:
+                    oof[held] = self._fitted(train).predict_proba(
+                        np.stack([examples[explicit[j]].features for j in held]))[:, 1]
+            scored = ~np.isnan(oof)
+            labels = np.asarray(voted)[scored]
+            report.n_holdout = int(scored.sum())
+            report.auroc = auroc(oof[scored], labels)
+            report.ece, report.reliability = calibration(oof[scored], labels, c.bins)
+        self._clf = self._fitted(examples)
         if math.isnan(report.auroc):
             report.reason = "no held-out explicit votes of both classes: its AUROC cannot be measured"
         elif report.auroc < c.min_auroc:
@@ -151,6 +150,20 @@ class RewardModel:
             report.usable, report.reason = True, f"held-out AUROC {report.auroc:.3f} >= {c.min_auroc}"
         self.report = report
         return report
+
+    def _fitted(self, examples: Sequence[Example]) -> Any:
+        """A probe fitted on ``examples`` (liked is class 1)."""
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        # standardized first: hidden units differ in scale by orders of magnitude, and an L2 prior on
+        # raw units would flatten every prediction toward 0.5 (no confident label from a real signal)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=1.0 / self.config.l2, class_weight="balanced",
+                                                                 max_iter=1000))
+        clf.fit(np.stack([e.features for e in examples]), [bool(e.liked) for e in examples],
+                logisticregression__sample_weight=[e.weight for e in examples])
+        return clf
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """P(liked) per row of ``features``."""

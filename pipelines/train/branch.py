@@ -15,6 +15,12 @@ the gate compares the branch head with the champion as before.
   drifted too far (its last-step KL to the base model > ``learner.branch_max_kl``), the branch is
   ``learner.branch_max_depth`` candidates deep, or the head's registry version was rejected for
   eval contamination or rolled back. ``learner.branch = false``: always start at the champion.
+- Forgotten users (docs/privacy.md#adapters-trained-on-a-user): a version marked as trained on a
+  forgotten user under ``privacy.on_forget = "retrain"`` (its ``store.FORGOTTEN`` mark, which
+  `tracerl forget` puts on every version that trained on the user's turns and on their descendants)
+  is never trained from: a marked head resets the branch, and a marked champion makes the next
+  candidate start (depth 1, fresh AdamW) from the champion's newest unmarked ancestor, or from the
+  base model when every ancestor is marked. Marks under ``"flag"`` change nothing here.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from pipelines.adapters.store import AdapterStore, AdapterVersion
+from pipelines.adapters.store import FORGOTTEN, AdapterStore, AdapterVersion
 from pipelines.train.optim_state import OPTIMIZER_FILE
 
 # registry version tags that end a branch (written by pipelines/gate/run.py and promote.py)
@@ -99,13 +105,35 @@ def reset_reason(head: AdapterVersion, registry_tags: dict[str, str], *, max_kl:
     return None
 
 
+def forgotten(av: AdapterVersion | None) -> str | None:
+    """The forget request ids (comma-separated) whose ``retrain`` policy bars training from ``av``; None: none."""
+    if av is None:
+        return None
+    marks = (av.meta.get("marks") or {}).get(FORGOTTEN) or {}
+    ids = sorted(k for k, v in marks.items() if isinstance(v, dict) and v.get("policy") == "retrain")
+    return ",".join(ids) or None
+
+
+def clean_ancestor(store: AdapterStore, tenant: str, task: str, version: int) -> AdapterVersion | None:
+    """The newest version of ``version``'s lineage (itself first) not barred by `forgotten`; None: the base model."""
+    return next((av for av in store.lineage(tenant, task, version) if forgotten(av) is None), None)
+
+
 def choose_parent(store: AdapterStore, tenant: str, task: str, champion: int | None, *, enabled: bool,
                   max_kl: float, max_depth: int,
                   registry_tags: Callable[[int], dict[str, str]]) -> BranchPoint:
     """Continue the branch head, or start (again) at the champion; ``registry_tags(adapter_version)``
     returns the tags of that adapter's registry version ({} if unregistered)."""
     champ = store.get(tenant, task, champion) if champion is not None else None
+    if forgotten(champ):
+        clean = clean_ancestor(store, tenant, task, champion)
+        return BranchPoint(clean, champion, 1, f"forgotten: champion v{champion} trained on a forgotten user "
+                                               f"(forget {forgotten(champ)}); from "
+                                               f"{'v%d' % clean.version if clean else 'the base model'}")
     head = branch_head(store, tenant, task, champion)
+    if head is not None and forgotten(head):
+        return BranchPoint(champ, champion, 1, f"forgotten: v{head.version} trained on a forgotten user "
+                                               f"(forget {forgotten(head)})")
     if head is None:
         return BranchPoint(champ, champion, 1, None)
     if not enabled:

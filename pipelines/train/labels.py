@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.config import TracerlConfig
+from pipelines.lake.consent import consented_sql
 from pipelines.lake.query import connect
 from pipelines.reward.model import Example, FitReport, RewardModel, RewardModelConfig, combine, features
 from pipelines.train.batch import TrainTurn
@@ -32,13 +33,15 @@ FEATURE_RECIPE = 1  # what `turn_text` and `features` make of a turn: bump when 
 
 def labelled_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[str, list[dict], str, bool, bool]]:
     """(turn id, input messages, reply, liked, explicit) of the target's most recent settled labelled turns
-    whose total is not 0 (a 0 says neither liked nor disliked)."""
+    whose total is not 0 (a 0 says neither liked nor disliked). Fitting the probe is training on a
+    user's data: a turn marked ``train = false`` or of a user without consent is never read."""
     con = connect(cfg.lake, cfg.table_store)
-    rows = con.execute("""
+    rows = con.execute(f"""
         SELECT t.turn_id, t.input_messages::VARCHAR, t.output_text, r.total,
                (r.thumbs IS NOT NULL OR r.rating IS NOT NULL) AS explicit
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND r.total <> 0 AND t.tenant = ? AND t.task = ?
+          AND t.train AND {consented_sql(con, cfg, tenant)}
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time DESC LIMIT ?""", [tenant, task, cfg.learner.reward_model_window]).fetchall()
     return [(r[0], json.loads(r[1]) if r[1] else [], r[2] or "", r[3] > 0, bool(r[4])) for r in rows]
@@ -48,10 +51,11 @@ def silent_examples(cfg: TracerlConfig, tenant: str, task: str) -> list[tuple[st
     """(turn id, input messages, reply) of the target's most recent settled turns with no signal at all:
     no vote, regenerate, complaint, abandonment, hindsight (the reward stage's ``NOT labelled``)."""
     con = connect(cfg.lake, cfg.table_store)
-    rows = con.execute("""
+    rows = con.execute(f"""
         SELECT t.turn_id, t.input_messages::VARCHAR, t.output_text
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND NOT r.labelled AND t.tenant = ? AND t.task = ?
+          AND t.train AND {consented_sql(con, cfg, tenant)}
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time DESC LIMIT ?""", [tenant, task, cfg.learner.reward_model_window]).fetchall()
     return [(r[0], json.loads(r[1]) if r[1] else [], r[2] or "") for r in rows]

@@ -7,7 +7,9 @@ iterations:
 - the pool: turns of this tenant/task the ``trained_turns`` ledger credits to an adapter fewer than
   ``replay_max_uses`` times, whose age weight ``0.5 ** (age / replay_half_life)`` is still at least
   ``replay_min_weight``; never a turn the ledger marks as an eval prompt (adapter_version 0 row),
-  nor one marked ``train = false`` (the pool re-checks the flag, whatever the ledger holds);
+  nor one marked ``train = false`` (the pool re-checks the flag, whatever the ledger holds), nor one
+  whose user had not consented at its time, or opted out since where the tenant's opt-outs are
+  retroactive (``pipelines/lake/consent.py``, re-checked on every selection);
 - ``age`` = learner iterations of this tenant/task (distinct adapter versions in the ledger) since
   the turn's first use, counting that one: 1 on the iteration right after its first use;
 - priority: ``|reward - pool mean|`` descending (a rare positive in a mostly-disliked pool sits far
@@ -73,6 +75,7 @@ def use_stats(new: int, replayed: Sequence[ReplayTurn]) -> dict[str, Any]:
 
 def replay_pool(cfg: Any, tenant: str, task: str) -> list[ReplayTurn]:
     """Every turn eligible for replay (unordered); empty when replay is off or nothing was trained."""
+    from pipelines.lake.consent import consented_sql
     from pipelines.lake.query import connect
     from pipelines.lake.ledger import has_ledger, ledger_source
 
@@ -95,6 +98,7 @@ def replay_pool(cfg: Any, tenant: str, task: str) -> list[ReplayTurn]:
         JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         JOIN pool p ON p.turn_id = t.turn_id
         WHERE r.settled AND r.labelled AND t.train AND t.tenant = ? AND t.task = ? AND p.age <= ?
+          AND {consented_sql(con, cfg, tenant)}
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1""",
                        [tenant, task, lc.replay_max_uses, tenant, task,
                         max_replay_age(lc.replay_half_life, lc.replay_min_weight)]).fetchall()

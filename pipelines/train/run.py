@@ -27,6 +27,7 @@ import pyarrow as pa
 from pipelines.adapters import promote
 from pipelines.config import TracerlConfig, gate_config
 from pipelines.evals.contamination import eval_hashes, exclude_eval_turns
+from pipelines.lake.consent import consented_sql
 from pipelines.lake.delta import EVENTS
 from pipelines.lake.holdout import held_back_sql
 from pipelines.lake.ledger import ledger_source, record_ledger
@@ -60,7 +61,9 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int, l
 
     Turns with identical input messages form a group (several samples of one prompt). A turn
     marked ``train = false`` (eval traffic, no consent: ``X-Tracerl-Train: false`` at the
-    gateway) is never one of them; it still lands and gets its reward. With ``canary.enabled``,
+    gateway) is never one of them; it still lands and gets its reward. Nor is a turn whose user
+    had not consented to training at its time (pipelines/lake/consent.py: their opt-out, the
+    tenant's ``privacy.consent_default``, ``privacy.consent_retroactive``). With ``canary.enabled``,
     neither is a turn of a held-back conversation (pipelines/lake/holdout.py): the off-policy
     estimate reads those.
     """
@@ -71,7 +74,7 @@ def new_training_turns(cfg: TracerlConfig, tenant: str, task: str, limit: int, l
                t.output_text, t.output_logprobs, r.total, md5(t.input_messages::VARCHAR), t.adapter_version
         FROM turns t JOIN rewards r ON r.tenant = t.tenant AND r.trace_id = t.trace_id AND r.turn_id = t.turn_id
         WHERE r.settled AND r.labelled = ? AND t.train AND t.tenant = ? AND t.task = ?
-          AND NOT ({held_back_sql(holdout)})
+          AND {consented_sql(con, cfg, tenant)} AND NOT ({held_back_sql(holdout)})
           AND t.turn_id NOT IN (SELECT l.turn_id FROM {ledger_source(con, cfg.table_store)} l WHERE l.tenant = ? AND l.task = ?)
         QUALIFY row_number() OVER (PARTITION BY t.turn_id ORDER BY r.reward_seq DESC) = 1
         ORDER BY t.event_time LIMIT ?""", [labelled, tenant, task, tenant, task, limit]).fetchall()
@@ -84,7 +87,20 @@ def count_new_turns(cfg: TracerlConfig, tenant: str, task: str) -> int:
     return len(new_training_turns(cfg, tenant, task, limit=1_000_000))
 
 
+def learner_lock(cfg: TracerlConfig, tenant: str, task: str) -> Path:
+    """Held (flock) while a learner of tenant/task runs: `tracerl forget` holds every one of the
+    tenant's, so no learner reads turns a forget is deleting (pipelines/rights/forget.py)."""
+    return Path(cfg.home) / "locks" / "learner" / tenant / f"{task}.lock"
+
+
 def run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
+    from pipelines.durable import file_lock
+
+    with file_lock(learner_lock(cfg, tenant, task)):
+        return _run_learner(cfg, tenant, task)
+
+
+def _run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     import mlflow
 
     from pipelines import tracking

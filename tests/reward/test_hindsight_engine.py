@@ -12,6 +12,7 @@ import pytest
 
 from reward_lake import events_table, fb, land, now, turn
 from pipelines.ingest.decode import hot_fields
+from pipelines.lake.tables import HOT_COLUMNS
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS
 from pipelines.lake.query import register_reward_views
@@ -164,10 +165,11 @@ def test_ingest_stores_the_last_user_message_of_a_model_turn():
     t["input_messages"] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q1"},
                            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
                            {"role": "tool", "content": "result"}]
-    assert hot_fields(t)[-1] == "q2"
+    at = [name for name, _ in HOT_COLUMNS].index("user_text")
+    assert hot_fields(t)[at] == "q2"
     t["input_messages"] = [{"role": "system", "content": "be brief"}]
-    assert hot_fields(t)[-1] is None
-    assert hot_fields(fb("a", "thumbs", value=1).to_dict())[-1] is None
+    assert hot_fields(t)[at] is None
+    assert hot_fields(fb("a", "thumbs", value=1).to_dict())[at] is None
 
 
 def test_reward_tables_of_a_release_before_hindsight_still_read(lake_root, monkeypatch):
