@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable
 from urllib.parse import unquote
@@ -308,3 +310,42 @@ def _with_partitions(schema, kinds: dict) -> pa.Schema:
         i = schema.get_field_index(key)
         schema = schema.set(i, pa.field(key, kinds[key])) if i >= 0 else schema.append(pa.field(key, kinds[key]))
     return schema
+
+
+LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+\.\d+)?\.parquet)$")  # a `_delta_log` entry
+
+
+def table_fs(root: Where, dataset: str):
+    """``dataset``'s folder as a pyarrow file system (local or object store, delta-rs's own)."""
+    import pyarrow.fs as pafs
+    from deltalake.fs import DeltaStorageHandler
+
+    store = store_of(root)
+    return pafs.PyFileSystem(DeltaStorageHandler(store.table_uri(dataset), store.storage_options))
+
+
+def expire_log(root: Where, dataset: str, grace: timedelta = timedelta(0), below: int | None = None) -> int:
+    """Checkpoint ``dataset``, then delete its log entries and checkpoints before that checkpoint
+    (before ``below`` if given) that are older than ``grace``: their ``add`` entries' column
+    statistics quote values of the rows a delete removed (`tracerl forget`, retention). Time travel
+    to before the checkpoint ends with them. The files deleted."""
+    import pyarrow.fs as pafs
+
+    table = open_table(root, dataset)
+    if table is None:
+        return 0
+    fs, settled = table_fs(root, dataset), datetime.now(timezone.utc) - grace
+
+    def old(before: int) -> list[str]:
+        infos = fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
+        found = [(LOG_FILE.match(i.base_name), i) for i in infos if i.type == pafs.FileType.File]
+        return [i.path for m, i in sorted(found, key=lambda f: f[1].base_name)
+                if m and int(m.group(1)) < before and (i.mtime is None or i.mtime <= settled)]
+
+    if below is not None and not old(below):
+        return 0
+    table.create_checkpoint()
+    gone = old(table.version())
+    for path in gone:
+        fs.delete_file(path)
+    return len(gone)

@@ -35,11 +35,10 @@ import getpass
 import hashlib
 import json
 import os
-import re
 import sqlite3
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -298,18 +297,6 @@ def _plan_lake(cfg: TracerlConfig, tenant: str, user: str, ids: dict[str, list[s
 
 # -- the lake ----------------------------------------------------------------------------------------
 
-def _fs(cfg: TracerlConfig, name: str):
-    """A pyarrow file system rooted at the table (local folder or object store)."""
-    from deltalake.fs import DeltaStorageHandler
-    from pyarrow.fs import PyFileSystem, SubTreeFileSystem, LocalFileSystem
-
-    store = cfg.table_store
-    uri = store.table_uri(name)
-    if store.local:
-        return SubTreeFileSystem(str(Path(uri)), LocalFileSystem())
-    return PyFileSystem(DeltaStorageHandler(uri.rstrip("/") + "/", store.storage_options))
-
-
 def _delete_lake(cfg: TracerlConfig, request: dict[str, Any]) -> None:
     from deltalake import CommitProperties
 
@@ -353,27 +340,20 @@ def _rel(path: str, base: str) -> str:
 
 def _purge(cfg: TracerlConfig, name: str, files: list[str]) -> None:
     """Remove the data files the delete took out of the table, then every log entry before a new
-    checkpoint (the entries' file statistics quote column values). Idempotent."""
-    from pyarrow.fs import FileSelector, FileType
+    checkpoint at once (the entries' file statistics quote column values). Idempotent."""
+    from pyarrow.fs import FileType
 
     table = delta.open_table(cfg.table_store, name)
     if table is None:
         return
     base = cfg.table_store.table_uri(name)
     live = {_rel(u, base) for u in table.file_uris()}
-    fs = _fs(cfg, name)
+    fs = delta.table_fs(cfg.table_store, name)
     for f in files:
         rel = _rel(f, base)
-        if rel not in live:
-            info = fs.get_file_info(rel)
-            if info.type == FileType.File:
-                fs.delete_file(rel)
-    table.create_checkpoint()
-    version = table.version()
-    for info in fs.get_file_info(FileSelector("_delta_log", allow_not_found=True)):
-        m = re.fullmatch(r"(\d{20})\.(json|checkpoint\.parquet|crc)", info.base_name)
-        if m and int(m.group(1)) < version:
-            fs.delete_file(info.path)
+        if rel not in live and fs.get_file_info(rel).type == FileType.File:
+            fs.delete_file(rel)
+    delta.expire_log(cfg.table_store, name)
 
 
 # -- caches, gateway files, artifacts ----------------------------------------------------------------
@@ -411,32 +391,6 @@ def _caches(cfg: TracerlConfig) -> dict[str, tuple[Path, str]]:
     return {"judge_verdicts": (judge_cache(cfg), "verdicts"), "reward_model_features": (feature_cache(cfg), "features")}
 
 
-def _spill_dirs(cfg: TracerlConfig) -> list[Path]:
-    home = Path(cfg.home)
-    return [d for d in [home / "spill", *sorted((home / "gateways").glob("*/spill"))] if d.is_dir()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _open_segments(paths: list[Path]) -> set[Path]:
-    """The segment each live writer appends to: the highest-numbered file of its name (``<prefix>-<time>-<pid>-<n>``)."""
-    newest: dict[str, Path] = {}
-    for p in paths:
-        m = re.fullmatch(r"(.+-\d+-(\d+)-)(\d+)\.(log|jsonl)", p.name)
-        if m and _alive(int(m.group(2))):
-            if m.group(1) not in newest or p.name > newest[m.group(1)].name:
-                newest[m.group(1)] = p
-    return set(newest.values())
-
-
 def _names(ev: Any, tenant: str, user: str, ids: dict[str, set]) -> bool:
     if not isinstance(ev, dict) or ev.get("tenant") != tenant:
         return False
@@ -463,10 +417,12 @@ def _gateway_files(cfg: TracerlConfig, tenant: str, user: str, ids: dict[str, li
         return _names(ev, tenant, user, sets) or any(n in str(rec.get("text", "")) for n in needles) \
             if isinstance(rec, dict) else False
 
-    for spill in _spill_dirs(cfg):
+    from pipelines.rights.retention import being_written, spill_dirs
+
+    for spill in spill_dirs(cfg):
         journal = sorted((spill / "journal").glob("journal-*.log")) if (spill / "journal").is_dir() else []
         spills = sorted(spill.glob("spill-*.jsonl"))
-        live = _open_segments(journal + spills)
+        live = being_written(journal + spills)
         groups = [("gateway_journal", p, journal_event) for p in journal] + \
                  [("gateway_spill", p, json.loads) for p in spills] + \
                  [("gateway_spill", spill / n, None) for n in ("rejected.jsonl", "corrupt.jsonl") if (spill / n).is_file()]

@@ -346,55 +346,22 @@ def _vacuum(store: delta.Where, dataset: str) -> int:
     listed = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=False)
     if not listed:
         return 0
-    present = [i for i in _fs(store, dataset).get_file_info(listed) if i.type != pafs.FileType.NotFound]
+    present = [i for i in delta.table_fs(store, dataset).get_file_info(listed) if i.type != pafs.FileType.NotFound]
     if present:
         table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False, full=False)
     return len(present)
 
 
-def _fs(store: delta.Where, dataset: str):
-    """The table's folder as a pyarrow file system (local or object store, delta-rs's own)."""
-    import pyarrow.fs as pafs
-    from deltalake.fs import DeltaStorageHandler
-
-    where = delta.store_of(store)
-    return pafs.PyFileSystem(DeltaStorageHandler(where.table_uri(dataset), where.storage_options))
-
-
-_LOG_FILE = re.compile(r"^(\d{20})\.(json|crc|checkpoint(\.\d+\.\d+)?\.parquet)$")
-
-
 def _expire_log(store: delta.Where, dataset: str) -> int:
-    """After a retention delete: checkpoint the table, then delete the log entries and checkpoints
-    before it (their ``add`` entries' column statistics quote the deleted rows) that are older than
-    `LOG_GRACE`: a writer that read the table a moment ago checks its commit against the entries
-    after its snapshot, so the last hour's stay until the next run (they hold what landed in that
-    hour). Nothing when no retention delete among the last `HISTORY` commits has such entries
-    before it. The files deleted."""
-    import pyarrow.fs as pafs
-
+    """After a retention delete: `delta.expire_log`, keeping the entries younger than `LOG_GRACE`: a
+    writer that read the table a moment ago checks its commit against the entries after its snapshot,
+    so the last hour's stay until the next run (they hold what landed in that hour). Nothing when no
+    retention delete among the last `HISTORY` commits has such entries before it."""
     table = delta.open_table(store, dataset)
     if table is None:
         return 0
     marked = [h["version"] for h in table.history(HISTORY) if h.get("operation") == "DELETE" and MARK in h]
-    if not marked:
-        return 0
-    fs = _fs(store, dataset)
-    settled = datetime.now(timezone.utc) - LOG_GRACE
-
-    def expired(below: int) -> list[str]:
-        infos = fs.get_file_info(pafs.FileSelector("_delta_log", allow_not_found=True))
-        found = [(_LOG_FILE.match(i.base_name), i) for i in infos if i.type == pafs.FileType.File]
-        return [i.path for m, i in sorted(found, key=lambda f: f[1].base_name)
-                if m and int(m.group(1)) < below and (i.mtime is None or i.mtime < settled)]
-
-    if not expired(max(marked)):
-        return 0
-    table.create_checkpoint()
-    old = expired(table.version())
-    for path in old:
-        fs.delete_file(path)
-    return len(old)
+    return delta.expire_log(store, dataset, LOG_GRACE, below=max(marked)) if marked else 0
 
 
 # -- the gateway's journal and spill ------------------------------------------------------------------
@@ -423,7 +390,7 @@ def _segments(cfg: TracerlConfig, policy: _Policy, report: RetentionReport, dry_
         for store, where, pattern in ((SPILL, folder, "spill-*.jsonl"),
                                       (JOURNAL, folder / "journal", f"{Journal.PREFIX}*.log")):
             files = sorted(where.glob(pattern))
-            writing = _being_written(files)
+            writing = being_written(files)
             for path in files:
                 if path in writing:
                     continue
@@ -444,7 +411,7 @@ def _segments(cfg: TracerlConfig, policy: _Policy, report: RetentionReport, dry_
                 report.segment_files["logs"] = report.segment_files.get("logs", 0) + 1
 
 
-def _being_written(files: Iterable[Path]) -> set[Path]:
+def being_written(files: Iterable[Path]) -> set[Path]:
     """The segment each live writer (``<kind>-<start>-<pid>-<n>``, its process alive) appends to:
     its highest ``n``. Its other segments are closed: never appended to again."""
     newest: dict[tuple[str, str, str], tuple[int, Path]] = {}
