@@ -34,6 +34,7 @@ import gc
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from pipelines.ingest.decode import Chunk, Decoder, with_payload
 from pipelines.lake import delta
 from pipelines.lake.delta import EVENTS, QUARANTINE
 from pipelines.lake.tables import EVENTS_SCHEMA, QUARANTINE_SCHEMA
+from pipelines.privacy.forget_requests import Forgotten, forgotten
 from pipelines.ingest.offsets import (IngestError, data_consumer, partitions_of, read_log_end,
                                       resume_offsets, topic_id_of)
 from pipelines.services.kafka import client_options
@@ -61,6 +63,7 @@ class IngestResult:
     consumed: int = 0
     landed: int = 0
     quarantined: int = 0
+    forgotten: int = 0    # events of users `tracerl forget` removed, still in Kafka: not landed (docs/privacy.md)
     duplicates: int = 0          # same (tenant, event_id) seen before: a producer retry
     already_landed: int = 0      # offsets the lake already held (replay after a crash)
     reasons: dict[str, int] = field(default_factory=dict)
@@ -184,8 +187,25 @@ def _never_back(last: dict[delta.Coord, int], marks: dict[delta.Coord, int]) -> 
     return {c: max(v, marks.get(c, -1)) for c, v in last.items()}
 
 
-def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResult) -> None:
-    """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above)."""
+def _not_forgotten(events: pa.Table, gone: Forgotten) -> pa.Array:
+    """True for each event that is not of a forgotten user (their pseudonym, at or before the time
+    they asked; or one of the traces and turns their forget found): `tracerl forget` has removed
+    theirs from the lake, and an event still in Kafka then must not come back."""
+    tenants, users = events.column("tenant").to_pylist(), events.column("user_id").to_pylist()
+    traces, turns = events.column("trace_id").to_pylist(), events.column("turn_id").to_pylist()
+    times = events.column("event_time").to_pylist()
+    keep = []
+    for tenant, user, trace, turn, at in zip(tenants, users, traces, turns, times):
+        asked = gone.users.get((tenant, user))
+        keep.append(not ((asked is not None and at is not None and at <= datetime.fromisoformat(asked))
+                         or (tenant, trace) in gone.traces or (turn is not None and (tenant, turn) in gone.turns)))
+    return pa.array(keep, pa.bool_())
+
+
+def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResult,
+         gone: Forgotten | None = None) -> None:
+    """Filter, de-duplicate and commit a decoded batch to the lake (steps 2-4 above). ``gone``: the
+    forgotten users (`forget_requests.forgotten`), whose events are not landed (counted)."""
     def coord(topic: str, partition: int) -> delta.Coord:
         return topic, result.topic_ids.get(topic, ""), partition
 
@@ -232,6 +252,10 @@ def land(root: delta.Where, records: list, decoder: Decoder, result: IngestResul
     if new is not None:
         result.duplicates += unique.num_rows - pc.sum(new).as_py()
         unique = unique.filter(new)  # still in Kafka order
+    if gone and unique.num_rows:
+        keep_ = _not_forgotten(unique, gone)
+        result.forgotten = unique.num_rows - pc.sum(keep_).as_py()
+        unique = unique.filter(keep_)
     rows = with_payload(unique, [r.value for r in records])
     result.landed = rows.num_rows
     result.quarantined = quarantine.num_rows
@@ -308,10 +332,10 @@ def run_ingest(cfg: TracerlConfig, max_events: int | None = None, group_id: str 
         if not records:
             _check_idle(consumer, topic, resume, polled - started)
         for attempt in range(LAND_ATTEMPTS):
-            result.landed = result.quarantined = result.duplicates = result.already_landed = 0
+            result.landed = result.quarantined = result.duplicates = result.already_landed = result.forgotten = 0
             result.reasons, result.offsets = {}, {}
             try:
-                land(cfg.table_store, records, decoder, result)
+                land(cfg.table_store, records, decoder, result, forgotten(cfg.home))
                 break
             except LandConflict:
                 if attempt == LAND_ATTEMPTS - 1:

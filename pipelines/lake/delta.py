@@ -211,9 +211,16 @@ def data_in(table, where: list[tuple]):
     paths = table.file_uris(file_pruning_predicate=where)
     if not paths:
         return None
-    if table.table_uri.startswith("file://"):
-        return ds.dataset(paths, format="parquet")
-    return table.to_pyarrow_dataset(file_pruning_predicate=where)
+    data = ds.dataset(paths, format="parquet") if table.table_uri.startswith("file://") else \
+        table.to_pyarrow_dataset(file_pruning_predicate=where)
+    # a file a Delta delete rewrote (`tracerl forget`) stores strings as string_view, which many
+    # Arrow kernels lack (filter, is_in): read every string column as a plain string
+    views = [i for i, f in enumerate(data.schema) if f.type == pa.string_view()]
+    if not views:
+        return data
+    schema = pa.schema([f.with_type(pa.string()) if i in views else f for i, f in enumerate(data.schema)])
+    return ds.dataset(paths, format="parquet", schema=schema) if table.table_uri.startswith("file://") else \
+        table.to_pyarrow_dataset(file_pruning_predicate=where).replace_schema(schema)
 
 
 def vacuum(root: Where, dataset: str, older_than_hours: int = 24) -> list[str]:

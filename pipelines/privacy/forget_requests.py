@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,31 @@ def append_receipt(home: Path | str, receipt: dict[str, Any]) -> None:
 def receipts(home: Path | str) -> list[dict[str, Any]]:
     path = receipts_path(home)
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What ingest must not land again: events of forgotten users still in Kafka when their forget
+    ran would otherwise come back with the next ingest. Per tenant: each forgotten user's pseudonym
+    with the time they asked (their events from before it; what they send after it is new data),
+    and the trace and turn ids the forget found (feedback and tool calls sent without a user)."""
+
+    users: dict[tuple[str, str], str]  # (tenant, pseudonym) -> requested_at (RFC 3339, UTC)
+    traces: frozenset[tuple[str, str]]  # (tenant, trace id)
+    turns: frozenset[tuple[str, str]]   # (tenant, turn id)
+
+    def __bool__(self) -> bool:
+        return bool(self.users or self.traces or self.turns)
+
+
+def forgotten(home: Path | str) -> Forgotten:
+    """Every forget request on file, filed, interrupted or done (`Forgotten`)."""
+    users: dict[tuple[str, str], str] = {}
+    traces: set[tuple[str, str]] = set()
+    turns: set[tuple[str, str]] = set()
+    for req in all_requests(home):
+        tenant = req.get("tenant")
+        users[(tenant, req.get("user"))] = max(req.get("requested_at") or "", users.get((tenant, req.get("user")), ""))
+        traces.update((tenant, t) for t in req.get("trace_ids") or [])
+        turns.update((tenant, t) for t in req.get("turn_ids") or [])
+    return Forgotten(users, frozenset(traces), frozenset(turns))

@@ -128,3 +128,24 @@ def test_forget_after_gateway_ingest_rewards_learner_and_review_table_leaves_no_
     assert _found(cfg.home, canary) == []
     assert _counts(cfg, traces["alice"]) == {"turns": 0, "feedback": 0, "tool_calls": 0, "rewards": 0}
     assert _counts(cfg, traces["bob"]) == bob_before
+
+    # an event of hers still in Kafka when the forget ran (sent before it) is not landed again; what
+    # she sends after it is new data and lands, as does everyone else's
+    from pipelines.contract.events import Message, ModelTurn
+    from pipelines.ingest.producer import TraceProducer
+
+    asked = datetime.fromisoformat(receipt.requested_at)
+    env = {"tenant": "acme", "app": "late", "task": "support", "model": "m", "turn_index": 0}
+    late = [ModelTurn(**env, trace_id=next(iter(traces["alice"])), user="alice", event_time=(asked - timedelta(
+                          seconds=1)).isoformat(), input_messages=[Message(role="user", content=f"late {canary}")],
+                      output_text="x"),
+            ModelTurn(**env, trace_id="new-trace-alice", user="alice", event_time=(asked + timedelta(seconds=1)).isoformat(),
+                      input_messages=[Message(role="user", content="back again")], output_text="y"),
+            ModelTurn(**env, trace_id="new-trace-bob", user="bob", event_time=asked.isoformat(),
+                      input_messages=[Message(role="user", content="still here")], output_text="z")]
+    with TraceProducer(cfg) as producer:
+        for e in late:
+            producer.send(e)
+    result = run_ingest(cfg)
+    assert (result.landed, result.forgotten) == (2, 1), result
+    assert _found(cfg.home, canary) == []
