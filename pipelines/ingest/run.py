@@ -152,9 +152,11 @@ def _existing_ids(events: Any, tenant: str, date: str, ids: pa.ChunkedArray) -> 
     data = delta.data_in(events, [("tenant", "=", tenant), ("date", "=", date)]) if events else None
     if data is None:
         return None
-    table = data.to_table(
-        columns=["event_id"], filter=pc.field("event_id").isin(ids.combine_chunks()))
-    return table.column("event_id").combine_chunks()
+    # read, then filtered here: a file a Delta delete rewrote (`tracerl forget`) stores its strings as
+    # string_view, and a filter pushed into the scan compares them with plain strings (no kernel);
+    # random event ids prune no file by their statistics anyway
+    held = data.to_table(columns=["event_id"]).column("event_id").combine_chunks().cast(pa.string())
+    return held.filter(pc.is_in(held, value_set=ids.combine_chunks().cast(pa.string())))
 
 
 def _first_occurrences(table: pa.Table, key: list[str]) -> pa.Table:

@@ -16,11 +16,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from tests.conftest import make_config
-from tests.deploy.conftest import ADMIN, KEYS
+from tests.deploy.conftest import ADMIN
 from tests.deploy.gateway_http import call
 from tests.privacy.test_forget import _found
 
 pytestmark = pytest.mark.slow
+TENANT = "forgetco"  # its own tenant: its adapter name (forgetco/support/v1) is no boundary gateway's
+KEY = {TENANT: "forgetco-key-0123456789"}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
@@ -64,16 +66,17 @@ def test_forget_after_gateway_ingest_rewards_learner_and_review_table_leaves_no_
                             optimizer=OptimizerSettings(lr=1e-3, steps_per_iteration=1, micro_batch_size=16))
     cfg.learner.min_new_turns = 4
     store = AdapterStore(cfg.adapter_root)
-    store.publish("acme", "support", make_adapter(base, tmp_path / "src", seed=3),
+    store.publish(TENANT, "support", make_adapter(base, tmp_path / "src", seed=3),
                   {"parent_version": None, "base_model_hash": base_model_hash(base), "data_window": None,
                    "reward_spec_version": None, "config": {}, "metrics": {}})
     with tracking.run(cfg, "seed adapter", tags={}, params={}) as run:  # v1 is the registry's champion
-        registry.set_alias(cfg, "acme", "support", registry.CHAMPION,
-                           registry.register_candidate(cfg, "acme", "support", run.info.run_id, 1, {}))
-    gw = GatewayThread(build_gateway(cfg, GatewayConfig(api_keys=KEYS, admin_key=ADMIN, upstreams=[boundary.vllm],
-                                                        replay_interval_s=1.0)))
+        registry.set_alias(cfg, TENANT, "support", registry.CHAMPION,
+                           registry.register_candidate(cfg, TENANT, "support", run.info.run_id, 1, {}))
+    # no sweep: this gateway shares the boundary's vLLM and must not unload the adapters it does not route
+    gw = GatewayThread(build_gateway(cfg, GatewayConfig(api_keys=KEY, admin_key=ADMIN, upstreams=[boundary.vllm],
+                                                        replay_interval_s=1.0, sweep_interval_s=None)))
     try:
-        gw.gateway.deployer.promote("acme", "support", 1, "test")
+        gw.gateway.deployer.promote(TENANT, "support", 1, "test")
         traces: dict[str, set[str]] = {"alice": set(), "bob": set()}
         for user in ("alice", "bob"):
             said = f" {canary}" if user == "alice" else ""
@@ -85,16 +88,16 @@ def test_forget_after_gateway_ingest_rewards_learner_and_review_table_leaves_no_
                                      "id": cid, "type": "function", "function": {
                                          "name": "get_weather", "arguments": f'{{"city": "Oslo{said}"}}'}}]},
                                  {"role": "tool", "tool_call_id": cid, "content": f'{{"temp_c": 4, "note": "{said}"}}'}]
-                status, out = call(f"{gw.url}/v1/chat/completions", KEYS["acme"],
+                status, out = call(f"{gw.url}/v1/chat/completions", KEY[TENANT],
                                    {"model": "support", "messages": messages, "max_tokens": 8, "user": user,
                                     **({"tools": [WEATHER]} if k == 2 else {})})
                 assert status == 200, out
                 t = out["tracerl"]
                 traces[user].add(t["trace_id"])
-                status, fb = call(f"{gw.url}/v1/feedback", KEYS["acme"], {
+                status, fb = call(f"{gw.url}/v1/feedback", KEY[TENANT], {
                     "trace_id": t["trace_id"], "turn_id": t["turn_id"], "kind": "thumbs", "value": 1 if k else -1})
                 assert status == 202, fb
-                status, fb = call(f"{gw.url}/v1/feedback", KEYS["acme"], {
+                status, fb = call(f"{gw.url}/v1/feedback", KEY[TENANT], {
                     "trace_id": t["trace_id"], "turn_id": t["turn_id"], "kind": "comment", "text": f"thanks{said}"})
                 assert status == 202, fb
     finally:
@@ -102,17 +105,17 @@ def test_forget_after_gateway_ingest_rewards_learner_and_review_table_leaves_no_
 
     run_ingest(cfg)
     run_rewards(cfg.lake, now=datetime.now(timezone.utc) + timedelta(days=2))
-    r = run_learner(cfg, "acme", "support")
+    r = run_learner(cfg, TENANT, "support")
     assert r.status == "trained", r
     backend = VllmBackend(boundary.vllm, cfg.serve.served_model_name)
-    backend.prepare("forget-test-candidate", store.get("acme", "support", r.adapter_version).path)
+    backend.prepare("forget-test-candidate", store.get(TENANT, "support", r.adapter_version).path)
     try:
-        prompts = recent_prompts(cfg, "acme", "support", 8, eval_hashes(cfg.gate.suites_dir, "acme", "support"))
+        prompts = recent_prompts(cfg, TENANT, "support", 8, eval_hashes(cfg.gate.suites_dir, TENANT, "support"))
         table = side_by_side(backend, "forget-test-candidate", cfg.serve.served_model_name, prompts, None, cfg.gate)
     finally:
         backend.release("forget-test-candidate")
     assert any(canary in p for p in table["prompt"])
-    with tracking.run(cfg, "gate acme/support", tags={"tracerl.stage": "gate"}, params={}):
+    with tracking.run(cfg, f"gate {TENANT}/support", tags={"tracerl.stage": "gate"}, params={}):
         mlflow.log_table(data=table, artifact_file=ARTIFACT)
 
     where = _found(cfg.home, canary)
@@ -122,7 +125,7 @@ def test_forget_after_gateway_ingest_rewards_learner_and_review_table_leaves_no_
     bob_before = _counts(cfg, traces["bob"])
     assert bob_before["turns"] == 3 and bob_before["feedback"] == 6 and bob_before["rewards"] >= 3
 
-    receipt = forget(cfg, "acme", "alice", "dpo@acme")
+    receipt = forget(cfg, TENANT, "alice", "dpo@forgetco")
     assert receipt.status == "done" and receipt.counts["lake.events"] > 0, receipt.counts
     assert [v["version"] for v in receipt.versions_marked] == [r.adapter_version]
     assert _found(cfg.home, canary) == []
@@ -135,7 +138,7 @@ def test_forget_after_gateway_ingest_rewards_learner_and_review_table_leaves_no_
     from pipelines.ingest.producer import TraceProducer
 
     asked = datetime.fromisoformat(receipt.requested_at)
-    env = {"tenant": "acme", "app": "late", "task": "support", "model": "m", "turn_index": 0}
+    env = {"tenant": TENANT, "app": "late", "task": "support", "model": "m", "turn_index": 0}
     late = [ModelTurn(**env, trace_id=next(iter(traces["alice"])), user="alice", event_time=(asked - timedelta(
                           seconds=1)).isoformat(), input_messages=[Message(role="user", content=f"late {canary}")],
                       output_text="x"),
