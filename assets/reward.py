@@ -19,6 +19,8 @@ class RewardRunConfig(dg.Config):
     max_unlabelled_share: float = CheckLimits.max_unlabelled_share
     drift_warn: float = CheckLimits.drift_warn
     drift_error: float = CheckLimits.drift_error
+    votes_share: float = CheckLimits.votes_share  # the votes explain a component's move when they moved the
+                                                  # same way by at least this share of it
 
 
 def settled_means(settled) -> tuple[float | None, dict[str, dict]]:
@@ -52,8 +54,9 @@ def settled_means(settled) -> tuple[float | None, dict[str, dict]]:
         dg.AssetCheckSpec(BOUNDS, asset="turn_rewards", blocking=True,
                           description="Components on [-1, 1], totals within the spec's bound; blocks training."),
         dg.AssetCheckSpec(DRIFT, asset="turn_rewards",
-                          description="Each component's mean vs previous runs: a jump means reward hacking "
-                                      "or a broken client."),
+                          description="Each component's mean vs previous runs: a move the explicit votes "
+                                      "explain (a promoted model) is information; one they do not is reward "
+                                      "hacking or a broken client."),
     ],
     # Materialized by every reward run (on the ingest cadence, */5), new events or not, because
     # settling needs only time to pass: three missed runs warn, six fail.
@@ -73,7 +76,8 @@ def turn_rewards(context: dg.AssetExecutionContext, config: RewardRunConfig,
     context.log.info(f"rewards {r.run_id}: {r.new_signals} new signals, {r.settled} settled, "
                      f"{r.provisional} provisional, corrections {r.corrections}")
     limits = CheckLimits(max_unlabelled_share=config.max_unlabelled_share,
-                         drift_warn=config.drift_warn, drift_error=config.drift_error)
+                         drift_warn=config.drift_warn, drift_error=config.drift_error,
+                         votes_share=config.votes_share)
     outcomes = evaluate(cfg.table_store, r, book, limits)
     mean, by_target = settled_means(r.tables.settled if r.tables else None)
     return dg.MaterializeResult(

@@ -53,17 +53,23 @@ def test_healthy_runs_pass_and_a_broken_client_trips_the_drift_check(tmp_path):
     meta, checks = materialize(tmp_path, START + timedelta(hours=8))
     assert checks["component_drift"].passed and checks["component_drift"].metadata["judged"].value >= 3
 
-    # A client update starts emitting invalid tool calls and thumbs-down on every turn.
+    # A client update starts reporting every tool call as invalid, while its users vote as they did
+    # (a little happier, if anything): `tool` falls and the votes do not follow. The signature of a
+    # broken client (or of a policy gaming a signal): ERROR.
     t0 = -2 * 3600  # relative to reward_lake.T0 = START + 12 h
-    bad = [e for i in range(120) for e in (
+    bad = [e for i in range(300) for e in (
         turn(f"b{i}", 0, t0 + i, trace_id=f"bt-{i}"),
         tool(f"b{i}", "invalid_arguments", t=t0 + i + 1, trace_id=f"bt-{i}"),
-        fb(f"b{i}", "thumbs", t=t0 + i + 2, value=-1, trace_id=f"bt-{i}"))]
+        fb(f"b{i}", "thumbs", t=t0 + i + 2, value=1 if i % 5 < 3 else -1, trace_id=f"bt-{i}"))]
     land(lake, bad)
     meta, checks = materialize(tmp_path, START + timedelta(hours=12))
     drift = checks["component_drift"]
     assert not drift.passed and drift.severity == dg.AssetCheckSeverity.ERROR
-    assert {"tool", "thumbs", "total"} <= set(drift.metadata["flagged"].value)
+    components = drift.metadata["components"].value
+    assert components["tool"]["level"] == "error" and components["tool"]["drift"] < -0.5
+    assert "tool" in drift.metadata["flagged"].value and not drift.metadata["explained"].value
+    assert drift.metadata["votes"].value["rows_now"] == 300
+    assert "tool -0.77 with votes +0.16 ± 0.17: the votes did not move with it" in drift.metadata["summary"].value
     assert checks["reward_bounds"].passed and checks["unlabelled_share"].passed
 
 
