@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Callable
 
 import dagster as dg
@@ -68,6 +69,16 @@ def demo_resource(resource: TracerlResource, cfg: TracerlConfig, lc: LoopConfig)
     return TracerlResource(config_path=resource.config_path, home=resource.home, reward_spec=lc.reward_spec)
 
 
+def sim_suite(cfg: TracerlConfig, tenant: str, task: str) -> Path | None:
+    """The simulated family's eval suite for tenant/task, written into the target's
+    ``gate.suites_dir`` when it has none there (a checkout ships none: pipelines/sim/evals.py
+    makes them); the folder written, or None."""
+    from pipelines.config import gate_config
+    from pipelines.sim.evals import ensure_suite
+
+    return ensure_suite(gate_config(cfg.for_target(tenant, task)).suites_dir, tenant, task)
+
+
 def demo_iteration(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig, i: int,
                    instance: dg.DagsterInstance, progress: Callable[[str, int, int], None] | None = None,
                    log: Callable[[str], None] = print) -> IterationReport:
@@ -79,6 +90,9 @@ def demo_iteration(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig
     from pipelines.loop.traffic import SwapProbe, gateway_url, wait_emitted
     from pipelines.sim.traffic import simulate
 
+    written = sim_suite(cfg, lc.tenant, lc.task)  # the gate's private eval: the simulator's, unless one is there
+    if written is not None:
+        log(f"  evals:   the simulated users' private eval written to {written}/ (pipelines/sim/evals.py)")
     url, key, pref = gateway_url(cfg), tenant_key(cfg, lc.tenant), lc.preference()
     champion = registry.adapter_for_alias(cfg, lc.tenant, lc.task, registry.CHAMPION) or 0
     t, t0 = lc.traffic_for(i), time.monotonic()

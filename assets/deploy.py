@@ -51,7 +51,8 @@ def report_metadata(report: ReconcileReport) -> dict:
 def deployment(context: dg.AssetExecutionContext, mlflow: MlflowResource,
                gateway: GatewayResource) -> dg.MaterializeResult:
     tenant, task = parse_target(context.partition_key)
-    report = gateway.reconcile([(tenant, task)], who="dagster")  # to the registry's champion
+    # to the registry's champion; the swap log says which run swapped, and why (the champion's reason)
+    report = gateway.reconcile([(tenant, task)], who=f"dagster run {context.run_id}")
     for t in report.targets:
         (context.log.error if t.outcome == "failed" else context.log.info)(t.line())
     metadata = report_metadata(report)

@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.loop.demo import LoopConfig  # noqa: E402
+from pipelines.sim.evals import write_suites  # noqa: E402
 from pipelines.loop.report import STAGES  # noqa: E402
 from pipelines.models.smollm2 import ensure_smollm2  # noqa: E402
 
@@ -38,7 +39,9 @@ def bench_home(prefix: str, kafka_port: int) -> tuple[Path, Path]:
     home = Path(tempfile.mkdtemp(prefix=prefix))
     (home / "models").symlink_to(cache / "models")
     toml = home / "tracerl.toml"
-    toml.write_text(f'home = "{home}"\n[kafka]\nembedded_port = {kafka_port}\n[gateway]\nport = 0\n')
+    suites = write_suites(home / "evals")  # the simulated tenant's private evals (pipelines/sim/evals.py)
+    toml.write_text(f'home = "{home}"\n[kafka]\nembedded_port = {kafka_port}\n[gateway]\nport = 0\n'
+                    f'[gate]\nsuites_dir = "{suites}"\n')
     os.environ["TRACERL_CONFIG"] = str(toml)
     dagster_home = home / "dagster_home"
     dagster_home.mkdir()

@@ -10,10 +10,13 @@ A tenant/task needs three things before the loop can improve it, and this module
   ``serve_tenant`` (``tracerl tenant serve``).
 - an eval suite: ``<suites_dir>/<tenant>/<task>/`` copied from the template
   (``pipelines.evals.suites.template_dir``). Its items are placeholders, and the gate refuses to
-  promote on them until they are replaced, so no candidate ships on an eval nobody wrote.
+  promote on them until they are replaced, so no candidate ships on an eval nobody wrote. A suite
+  written there first (the eval before the tenant, as docs/guides.md suggests) is adopted as it is.
 
 What exists is read from where each thing lives (key files and config, suite folders, the adapter
 store, the gateway's routes, the registry's ``champion``), never from a separate tenant list.
+Listing reads the embedded registry's SQLite file directly (``registry_versions``): importing
+MLflow alone takes seconds, and ``tracerl tenant list`` and ``tracerl adapters`` answer in under one.
 """
 
 from __future__ import annotations
@@ -69,12 +72,18 @@ def tasks_of(cfg: TracerlConfig, tenant: str) -> list[str]:
     return sorted(found)
 
 
+def _gateway_config(cfg: TracerlConfig):
+    """``cfg.gateway`` (as ``pipelines.deploy.service.gateway_config``, without importing the gateway)."""
+    from pipelines.config.gateway import GatewayConfig
+
+    return getattr(cfg, "gateway", None) or GatewayConfig()
+
+
 def _key_source(cfg: TracerlConfig, tenant: str) -> str | None:
     """"config", "file" or None: where tenant's key comes from."""
     from pipelines.deploy.keys import key_path
-    from pipelines.deploy.service import gateway_config
 
-    if tenant in gateway_config(cfg).api_keys:
+    if tenant in _gateway_config(cfg).api_keys:
         return "config"
     return "file" if key_path(cfg.home, tenant).is_file() else None
 
@@ -105,14 +114,36 @@ class Added:
     key_file: Path | None              # None: the key is configured (gateway.api_keys)
     key: str | None = None             # the new key, to show once; None if it existed
     suites: dict[str, Path] = field(default_factory=dict)   # task -> scaffolded folder
+    adopted: dict[str, int] = field(default_factory=dict)   # task -> items of the suite written before
     served: dict[str, int] = field(default_factory=dict)    # task -> champion version now serving
     serve_note: str | None = None      # why nothing was served, and how to do it later
     serve_failed: bool = False         # serving was tried and failed (the key and suites exist)
 
 
+def _written_suite(cfg: TracerlConfig, tenant: str, task: str) -> int | None:
+    """The items of the suites someone wrote for tenant/task before adding the tenant, or None (no
+    folder). A folder there that is not a valid suite is refused (``TenantError``, nothing changed):
+    adopted, it would leave the gate nothing to decide on; scaffolding into it would merge files."""
+    from pipelines.evals.suites import load_suites
+
+    folder = _suites_dir(cfg) / tenant / task
+    if not folder.exists():
+        return None
+    try:
+        suites = load_suites(_suites_dir(cfg), tenant, task)
+    except ValueError as err:
+        raise TenantError(f"{folder}/ holds an eval suite that does not load ({err}); fix it, or move it away "
+                          f"to scaffold one from the template; nothing was changed") from None
+    if not suites:
+        raise TenantError(f"{folder}/ exists but holds no suite (*.toml); write one there (see "
+                          f"evals/_template/README.md) or remove the folder to scaffold one; nothing was changed")
+    return sum(len(s.items) for s in suites)
+
+
 def add_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str], serve: bool = True) -> Added:
     """A key (if the tenant has none), an eval suite per task, and a serving champion per task
-    when the gateway runs. Refuses a task the tenant already has, before changing anything."""
+    when the gateway runs. A suite already written for a task is adopted as it is (``adopted``);
+    refuses a task the tenant serves already (adapters or a route), before changing anything."""
     from pipelines.deploy.keys import key_path, write_key_file
     from pipelines.deploy.service import read_gateway_state
     from pipelines.evals.suites import template_dir
@@ -121,22 +152,25 @@ def add_tenant(cfg: TracerlConfig, tenant: str, tasks: list[str], serve: bool = 
     if not tasks:
         raise TenantError("name at least one task: tracerl tenant add NAME --task TASK")
     tasks = list(dict.fromkeys(check_name(t, "task") for t in tasks))
-    have = set(tasks_of(cfg, tenant))
-    clash = [t for t in tasks if t in have]
+    served = set(_subdirs(cfg.adapter_root / tenant)) | {k for (t, k) in _routes(cfg) if t == tenant}
+    clash = [t for t in tasks if t in served]
     source = _key_source(cfg, tenant)
     if clash:
-        raise TenantError(f"tenant {tenant!r} already has task(s) {clash} (an eval suite under "
-                          f"{_suites_dir(cfg) / tenant}/, adapters or a route); nothing was changed. "
-                          f"`tracerl tenant list` shows what it has")
+        raise TenantError(f"tenant {tenant!r} already has task(s) {clash} (adapters or a route); nothing was "
+                          f"changed. `tracerl tenant list` shows what it has")
+    adopt = {t: n for t in tasks if (n := _written_suite(cfg, tenant, t)) is not None}
     template = template_dir(_suites_dir(cfg))
     if not template.is_dir():
         raise TenantError(f"no eval template at {template}/; restore evals/_template/ from tracerl")
 
     out = Added(tenant, tasks, None if source == "config" else key_path(cfg.home, tenant))
+    out.adopted = adopt
     if source is None:
         key, created = write_key_file(out.key_file)
         out.key = key if created else None
     for task in tasks:
+        if task in adopt:
+            continue
         _copy_template(template, _suites_dir(cfg) / tenant / task)
         out.suites[task] = _suites_dir(cfg) / tenant / task
     if not serve:
@@ -203,24 +237,124 @@ class TenantStatus:
 
 
 def _champions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], int | None]:
-    """The registry's champion per tenant/task; skipped (all None) when the embedded MLflow store
-    does not exist yet: nothing was ever registered, and opening it would create it."""
-    if not pairs or (cfg.mlflow.tracking_uri is None and not (cfg.home / "mlflow.db").is_file()):
-        return {p: None for p in pairs}
-    from pipelines.adapters import registry
+    """The registry's champion per tenant/task (None: none)."""
+    from pipelines.adapters.registry import CHAMPION
 
-    return {(t, k): registry.adapter_for_alias(cfg, t, k, registry.CHAMPION) for t, k in pairs}
+    versions = registry_versions(cfg, pairs)
+    return {p: next((v.adapter_version for v in versions.get(p, []) if CHAMPION in v.aliases), None) for p in pairs}
+
+
+@dataclass(frozen=True)
+class RegistryVersion:
+    """One model version as listings need it: what MLflow's ``ModelVersion`` says, read fast."""
+
+    name: str
+    version: str
+    tags: dict[str, str]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def adapter_version(self) -> int | None:
+        from pipelines.adapters.version import tag_version
+
+        try:
+            return tag_version(self)
+        except ValueError:
+            return None
+
+
+def registry_versions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list[RegistryVersion]]:
+    """Every model version (tags, aliases) of each tenant/task, oldest first; a pair without a
+    registered model maps to []. The embedded store (SQLite) is read directly, read-only, and not
+    created when it does not exist (nothing was ever registered); another store (a server) through
+    MLflow's client, as is a SQLite file whose schema is not the one expected."""
+    import sqlite3
+
+    pairs = list(dict.fromkeys(pairs))
+    uri = cfg.tracking_uri
+    if not pairs:
+        return {}
+    if uri.startswith("sqlite:///") and "?" not in uri:
+        path = Path(uri[len("sqlite:///"):])
+        if not path.is_file():
+            return {p: [] for p in pairs}
+        try:
+            return _sqlite_versions(path, pairs)
+        except sqlite3.Error:
+            pass  # another MLflow schema: its client knows it
+    return _client_versions(cfg, pairs)
+
+
+def _sqlite_versions(path: Path, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list[RegistryVersion]]:
+    """``registry_versions`` from MLflow's SQLite tables (model_versions, model_version_tags,
+    registered_model_aliases; workspace 'default' where the schema has workspaces)."""
+    import sqlite3
+    from urllib.parse import quote
+
+    from pipelines.adapters.registry import model_name
+
+    names = {model_name(t, k): (t, k) for t, k in pairs}
+    con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, timeout=10)
+    try:
+        spaced = "workspace" in {r[1] for r in con.execute("PRAGMA table_info(model_versions)")}
+        ws = " AND {t}.workspace = 'default'" if spaced else ""
+        marks = ",".join("?" * len(names))
+        rows = con.execute(
+            f"SELECT mv.name, mv.version, t.key, t.value FROM model_versions mv LEFT JOIN model_version_tags t "
+            f"ON t.name = mv.name AND t.version = mv.version{ws.format(t='t')} WHERE mv.name IN ({marks}) "
+            f"AND mv.current_stage != 'Deleted_Internal'{ws.format(t='mv')} ORDER BY mv.version",
+            list(names)).fetchall()
+        aliases = con.execute(f"SELECT a.name, a.version, a.alias FROM registered_model_aliases a "
+                              f"WHERE a.name IN ({marks}){ws.format(t='a')}", list(names)).fetchall()
+    finally:
+        con.close()
+    tags: dict[tuple[str, int], dict[str, str]] = {}
+    for name, version, key, value in rows:
+        got = tags.setdefault((name, int(version)), {})
+        if key is not None:
+            got[key] = value
+    named: dict[tuple[str, int], list[str]] = {}
+    for name, version, alias in aliases:
+        named.setdefault((name, int(version)), []).append(alias)
+    out: dict[tuple[str, str], list[RegistryVersion]] = {p: [] for p in pairs}
+    for (name, version), t in sorted(tags.items()):
+        out[names[name]].append(RegistryVersion(name, str(version), t, tuple(sorted(named.get((name, version), [])))))
+    return out
+
+
+def _client_versions(cfg: TracerlConfig, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list[RegistryVersion]]:
+    """``registry_versions`` through MLflow's client (any store it supports)."""
+    from mlflow.exceptions import MlflowException
+
+    from pipelines.adapters.registry import model_name
+    from pipelines.tracking import client
+
+    c, out = client(cfg), {}
+    for t, k in pairs:
+        name = model_name(t, k)
+        try:
+            versions = c.search_model_versions(f"name = '{name}'")
+            aliases = c.get_registered_model(name).aliases or {}  # search results leave aliases out
+        except MlflowException:
+            out[(t, k)] = []
+            continue
+        named: dict[str, list[str]] = {}
+        for alias, version in aliases.items():
+            named.setdefault(str(version), []).append(alias)
+        out[(t, k)] = sorted((RegistryVersion(name, str(mv.version), dict(mv.tags),
+                                              tuple(sorted(named.get(str(mv.version), []))))
+                              for mv in versions), key=lambda v: int(v.version))
+    return out
 
 
 def _tenants(cfg: TracerlConfig) -> tuple[set[str], dict[str, str], dict[str, str], dict[str, str]]:
     """(every tenant's name, the configured keys, the key files the gateway accepts, those it skips)."""
     from pipelines.contract.validate import IDENT
     from pipelines.deploy.keys import KeyRing, key_folder
-    from pipelines.deploy.service import gateway_config
 
-    configured = gateway_config(cfg).api_keys
+    configured = _gateway_config(cfg).api_keys
     admin = cfg.home / "gateway" / "admin.key"  # reserved, as the gateway has it (never created here)
-    reserved = tuple(k for k in (gateway_config(cfg).admin_key, os.environ.get("TRACERL_GATEWAY_ADMIN_KEY"),
+    reserved = tuple(k for k in (_gateway_config(cfg).admin_key, os.environ.get("TRACERL_GATEWAY_ADMIN_KEY"),
                                  admin.read_text().strip() if admin.is_file() else None) if k)
     ring = KeyRing(configured, key_folder(cfg.home), reserved=reserved)  # what the gateway accepts
     files, skipped = {t: "" for t in ring.tenants() if t not in configured}, ring.skipped

@@ -77,14 +77,67 @@ def test_bad_names_and_missing_things_are_clear_errors(conf, capsys, tmp_path, a
     assert not (tmp_path / "home" / "gateway" / "keys").exists() and not (tmp_path / "evals").exists()
 
 
-def test_an_existing_tenant_task_is_refused_and_nothing_changes(conf, capsys, tmp_path):
+def test_a_task_the_tenant_serves_is_refused_and_nothing_changes(conf, capsys, tmp_path):
     assert tracerl(conf, capsys, "tenant", "add", "acme", "--task", "support")[0] == 0
     suite = tmp_path / "evals" / "acme" / "support" / "quality.jsonl"
     suite.write_text('{"messages": [{"role": "user", "content": "mine"}]}\n')
+    (tmp_path / "home" / "adapters" / "acme" / "support" / "v1").mkdir(parents=True)  # it has adapters now
     rc, _, err = tracerl(conf, capsys, "tenant", "add", "acme", "--task", "new", "--task", "support")
     assert rc == 1 and "tenant 'acme' already has task(s) ['support']" in err and "nothing was changed" in err
     assert suite.read_text() == '{"messages": [{"role": "user", "content": "mine"}]}\n'
     assert not (tmp_path / "evals" / "acme" / "new").exists()
+
+
+def _write_suite(folder, n):
+    folder.mkdir(parents=True)
+    (folder / "mine.toml").write_text('role = "primary"\nitems = "mine.jsonl"\n[scorer]\nkind = "similarity"\n')
+    (folder / "mine.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Q{i}?"}],
+                                                           "reference": f"A{i}."}) + "\n" for i in range(n)))
+
+
+def test_add_adopts_an_eval_suite_written_first(conf, capsys, tmp_path):
+    """The eval before the tenant (docs/guides.md): `tenant add` keeps that suite as it is (no
+    template merged in) and scaffolds the other tasks; the key is made as for any new tenant."""
+    mine = tmp_path / "evals" / "newco" / "support"
+    _write_suite(mine, 4)
+    before = {p.name: p.read_text() for p in mine.iterdir()}
+    rc, out, err = tracerl(conf, capsys, "tenant", "add", "newco", "--task", "support", "--task", "billing")
+    assert rc == 0, err
+    assert {p.name: p.read_text() for p in mine.iterdir()} == before  # adopted untouched
+    assert f"newco/support: eval suite already written (4 items in {mine}/): adopted as it is" in out
+    assert f"newco/billing: eval suite scaffolded in {tmp_path / 'evals' / 'newco' / 'billing'}/" in out
+    assert out.count(PLACEHOLDER_RULE) == 1  # only the scaffold's
+    assert (tmp_path / "home" / "gateway" / "keys" / "newco.key").is_file()
+    rc, out, _ = tracerl(conf, capsys, "tenant", "list")
+    rows = [line.split() for line in out.splitlines()]
+    assert ["newco", "support", "-", "-", "file", "4", "items"] in rows
+    assert ["newco", "billing", "-", "-", "file", "3", "items", "(3", "placeholders)"] in rows
+    # added again: both suites adopted, nothing scaffolded, the key unchanged
+    rc, out, _ = tracerl(conf, capsys, "tenant", "add", "newco", "--task", "support", "--task", "billing")
+    assert rc == 0 and "scaffolded" not in out and out.count("adopted as it is") == 2 and "key unchanged" in out
+
+
+@pytest.mark.parametrize("content,needle", [
+    ({}, "exists but holds no suite (*.toml)"),
+    ({"bad.toml": 'role = "boss"\n[scorer]\nkind = "regex"\n'}, "holds an eval suite that does not load"),
+])
+def test_a_suite_folder_that_is_no_suite_is_refused_and_nothing_changes(conf, capsys, tmp_path, content, needle):
+    folder = tmp_path / "evals" / "newco" / "support"
+    folder.mkdir(parents=True)
+    for name, text in content.items():
+        (folder / name).write_text(text)
+    rc, _, err = tracerl(conf, capsys, "tenant", "add", "newco", "--task", "billing", "--task", "support")
+    assert rc == 1 and needle in err and "nothing was changed" in err, err
+    assert sorted(p.name for p in folder.iterdir()) == sorted(content)
+    assert not (tmp_path / "evals" / "newco" / "billing").exists()
+    assert not (tmp_path / "home" / "gateway" / "keys").exists()
+
+
+def test_a_fresh_home_lists_no_tenant(conf, capsys, tmp_path):
+    rc, out, _ = tracerl(conf, capsys, "tenant", "list")
+    assert rc == 0 and out == "no tenants (add one: tracerl tenant add NAME --task TASK)\n"
+    _write_suite(tmp_path / "evals" / "_template", 1)  # the scaffold is not a tenant
+    assert tracerl(conf, capsys, "tenant", "list")[1].startswith("no tenants")
 
 
 @pytest.mark.slow

@@ -8,10 +8,25 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.adapters.version import label
 from pipelines.config import TracerlConfig, load_config
 
 from pipelines.stack import SERVE, SERVICES
+
+
+def version() -> str:
+    """tracerl's version: the installed package's metadata, else this checkout's pyproject.toml."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("tracerl")
+    except metadata.PackageNotFoundError:
+        import tomllib
+
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as fh:
+                return tomllib.load(fh)["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
 
 
 def cmd_start(cfg: TracerlConfig, args: argparse.Namespace) -> int:
@@ -33,12 +48,16 @@ def cmd_stop(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 def cmd_status(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines import stack
 
-    for name in SERVICES:
-        print(f"{name + ':':9} {stack.status(cfg, name)}")
+    states = {name: stack.status(cfg, name) for name in SERVICES}
+    for name, state in states.items():
+        print(f"{name + ':':9} {state}")
     print(f"{'lake:':9} {cfg.lake.resolve()}")
     if cfg.tables.uri:
         print(f"{'tables:':9} {cfg.tables.uri} (events, quarantine, trained_turns)")
     print(f"{'store:':9} {cfg.tracking_uri}")
+    if states["kafka"] == "stopped":  # embedded and not running: no lag to read (and no Kafka client to load)
+        print(f"{'lag:':9} unknown (the embedded Kafka broker is not running: start it with `tracerl start kafka`)")
+        return 0
     return _print_lag(cfg)
 
 
@@ -63,14 +82,20 @@ def cmd_serve(cfg: TracerlConfig, args: argparse.Namespace) -> int:
 
 def cmd_up(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     """The whole local stack; the simulated tenant gets a key and a serving champion."""
+    from pipelines.config import gate_config
     from pipelines.deploy.service import tenant_key
     from pipelines.loop.bootstrap import ensure_serving
+    from pipelines.sim.evals import ensure_suite
 
     key = tenant_key(cfg, args.tenant)  # before the gateway starts: it reads the key files then
     cmd_start(cfg, argparse.Namespace(services=list(SERVICES)))
     version = ensure_serving(cfg, args.tenant, args.task)
     print(f"{args.tenant}/{args.task}: champion v{version} serving through the gateway "
           f"(API key in {cfg.home / 'gateway' / 'keys' / (args.tenant + '.key')}, {key[:6]}...)")
+    # what the loop's gate decides on: the simulator's suite, unless one is there (as `make demo`: assets/demo.py)
+    written = ensure_suite(gate_config(cfg.for_target(args.tenant, args.task)).suites_dir, args.tenant, args.task)
+    if written is not None:
+        print(f"{args.tenant}/{args.task}: the simulated users' private eval written to {written}/")
     print("Traffic: `tracerl simulate`; stack: `tracerl status`; stop: `tracerl down`")
     return 0
 
@@ -215,6 +240,9 @@ def cmd_tenant_add(cfg: TracerlConfig, args: argparse.Namespace) -> int:
         print(f"API key for {r.tenant} (shown once; stored 0600 in {r.key_file}):\n  {r.key}")
     else:
         print(f"{r.tenant}: key unchanged ({r.key_file or 'gateway.api_keys'})")
+    for task, items in r.adopted.items():
+        print(f"{r.tenant}/{task}: eval suite already written ({items} items in "
+              f"{_suite_folder(cfg, r.tenant, task)}/): adopted as it is")
     for task, folder in r.suites.items():
         print(f"{r.tenant}/{task}: eval suite scaffolded in {folder}/ from the template; the gate will refuse "
               f"to promote on the template's placeholder items until they are replaced (see its README.md)")
@@ -225,21 +253,17 @@ def cmd_tenant_add(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     return 1 if r.serve_failed else 0
 
 
+def _suite_folder(cfg: TracerlConfig, tenant: str, task: str) -> Path:
+    from pipelines.config import gate_config
+
+    return Path(gate_config(cfg).suites_dir) / tenant / task
+
+
 def cmd_tenant_list(cfg: TracerlConfig, args: argparse.Namespace) -> int:
     from pipelines.tenants import list_tenants
+    from tracerl.tables import format_tenants
 
-    rows = [("TENANT", "TASK", "CHAMPION", "SERVING", "KEY", "EVAL SUITE")]
-    for t in list_tenants(cfg):
-        key = t.key or ("skipped: " + t.key_problem if t.key_problem else "none")
-        for k in t.tasks or [None]:
-            suite = "-" if k is None else (f"invalid: {k.suite_error}" if k.suite_error else "none" if k.items is None
-                                           else f"{k.items} items" + (f" ({k.placeholders} placeholders)"
-                                                                      if k.placeholders else ""))
-            rows.append((t.tenant, k.task if k else "-", label(k.champion) if k and k.champion else "-",
-                         label(k.serving) if k and k.serving else "-", key, suite))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
+    print(format_tenants(list_tenants(cfg)))
     return 0
 
 
@@ -335,12 +359,9 @@ def cmd_consent_show(cfg: TracerlConfig, args: argparse.Namespace) -> int:
         print(f"user {user}: none recorded: {default} (the tenant's default)" if user is not None else
               "no consent records")
         return 0
-    rows = [("USER", "CONSENT", "EFFECTIVE", "BY", "RECORDED", "REASON")]
-    rows += [(r.user_id, "opt-in" if r.consent else "opt-out", r.to_dict()["effective_at"], r.actor,
-              r.to_dict()["recorded_at"], r.reason or "") for r in shown]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
+    from tracerl.tables import format_consent
+
+    print(format_consent(shown))
     if user is not None:
         now = latest(recs).get(user)
         print(f"user {user}: now " + (("opted in" if now.consent else "opted out") if now else
@@ -520,11 +541,23 @@ SQL_VIEWS = ("events", "turns", "tool_calls", "feedback", "session_ends", "quara
              "reward_corrections")
 
 
+class _Version(argparse.Action):
+    """``--version``: read when asked (``version()``), not each time the parser is built."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"tracerl {version()}")  # to stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tracerl", description=(
         "Own and keep improving your model from your own production traffic. "
         "Settings: tracerl.toml, TRACERL_HOME, TRACERL_KAFKA_BOOTSTRAP, TRACERL_LAKE."))
     p.add_argument("--config", help="path to tracerl.toml (default: $TRACERL_CONFIG or ./tracerl.toml)")
+    p.add_argument("--version", action=_Version, help="print tracerl's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("up", help="start the local stack: Kafka, MLflow, vLLM, gateway, Dagster; print the ports")

@@ -1,66 +1,93 @@
-"""What `tracerl adapters` and `tracerl swaps` print: tables a person reads at a terminal.
+"""What the CLI's listings print: tables a person reads at a terminal, all in one style.
 
-Each row says where a version stands, from the three places that know: the adapter store (the
-files and their lineage), the registry (aliases and the gate's status tag) and the gateway's
-routes file (what serves now, and a canary). `--json` prints the same rows as JSON lines, for
-scripts.
+``table`` is that style, for every listing (``tracerl tenant list``, ``adapters``, ``swaps``,
+``consent show``): upper-case headers, columns two spaces apart, left-aligned, no rules or
+borders, an empty cell as ``-``, one row per line (a grep finds a row whole). ``--json`` prints
+the same rows as JSON lines, for scripts.
+
+An adapter row says where a version stands, from the three places that know: the adapter store
+(the files and their lineage), the registry (aliases and the gate's status tag; read without
+importing MLflow: ``pipelines.tenants.registry_versions``) and the gateway's routes file (what
+serves now, and a canary).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from tabulate import tabulate
+from typing import Any, Iterable, Sequence
 
 from pipelines.config import TracerlConfig
 
 MARKS = ("live", "canary", "champion", "challenger")  # first in a row's marks, then the gate's status
+GAP = "  "
 
 
-def _registry(cfg: TracerlConfig, tenant: str, task: str) -> dict[int, dict[str, Any]]:
-    """adapter version -> {"aliases": [...], "status": str}, from the registry (empty when none)."""
-    from mlflow.exceptions import MlflowException
+def cell(v: Any) -> str:
+    """A value as a table cell: None and "" as '-', on one line."""
+    if v is None or v == "":
+        return "-"
+    return " ".join(str(v).split()) if isinstance(v, str) and ("\n" in v or "\t" in v) else str(v)
 
-    from pipelines.adapters import promote
-    from pipelines.adapters.registry import model_name
-    from pipelines.adapters.version import tag_version
-    from pipelines.tracking import client
 
-    c, name = client(cfg), model_name(tenant, task)
-    try:
-        versions = c.search_model_versions(f"name = '{name}'")
-        aliases = c.get_registered_model(name).aliases  # search results leave aliases out
-    except MlflowException:
-        return {}
-    by_version: dict[str, list[str]] = {}
-    for alias, version in (aliases or {}).items():
-        by_version.setdefault(str(version), []).append(alias)
-    return {tag_version(mv): {"aliases": sorted(by_version.get(str(mv.version), [])),
-                              "status": mv.tags.get(promote.STATUS, "")}
-            for mv in versions if "adapter_version" in mv.tags}
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The listings' one style: ``headers`` (upper case) over ``rows``, columns two spaces apart."""
+    heads = [h.upper() for h in headers]
+    body = [[cell(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in [heads, *body]) for i in range(len(heads))]
+    return "\n".join(GAP.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [heads, *body])
 
+
+def clip(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+# -- tracerl tenant list ---------------------------------------------------------------------------
+
+def format_tenants(tenants: list[Any]) -> str:
+    """``pipelines.tenants.list_tenants`` as the table: one row per tenant/task."""
+    from pipelines.adapters.version import label
+
+    if not tenants:
+        return "no tenants (add one: tracerl tenant add NAME --task TASK)"
+    rows = []
+    for t in tenants:
+        key = t.key or ("skipped: " + t.key_problem if t.key_problem else "none")
+        for k in t.tasks or [None]:
+            suite = "-" if k is None else (f"invalid: {k.suite_error}" if k.suite_error else "none" if k.items is None
+                                           else f"{k.items} items" + (f" ({k.placeholders} placeholders)"
+                                                                      if k.placeholders else ""))
+            rows.append((t.tenant, k.task if k else None, label(k.champion) if k and k.champion else None,
+                         label(k.serving) if k and k.serving else None, key, suite))
+    return table(["tenant", "task", "champion", "serving", "key", "eval suite"], rows)
+
+
+# -- tracerl adapters ------------------------------------------------------------------------------
 
 def adapter_rows(cfg: TracerlConfig, tenant: str | None = None, task: str | None = None) -> list[dict[str, Any]]:
     """Every adapter version of the matching targets, oldest first within a target."""
+    from pipelines.adapters import promote
     from pipelines.adapters.store import FORGOTTEN, AdapterStore
     from pipelines.deploy.routing import Router
+    from pipelines.tenants import registry_versions
 
     store = AdapterStore(cfg.adapter_root)
     router = Router(cfg.routes_path)
+    targets = [(t, k) for t, k in store.targets()
+               if (tenant is None or t == tenant) and (task is None or k == task)]
+    registry = registry_versions(cfg, targets)
     rows = []
-    for t, k in store.targets():
-        if (tenant is not None and t != tenant) or (task is not None and k != task):
-            continue
-        reg, live = _registry(cfg, t, k), router.live(t, k)
+    for t, k in targets:
+        reg = {v.adapter_version: v for v in registry.get((t, k), []) if v.adapter_version is not None}
+        live = router.live(t, k)
         for v in store.list(t, k):
-            m, r = v.meta, reg.get(v.version, {})
+            m, r = v.meta, reg.get(v.version)
             marks = [x for x, on in (("live", live is not None and live.version == v.version),
                                      ("canary", live is not None and live.canary is not None
                                       and live.canary.version == v.version)) if on]
-            marks += [a for a in r.get("aliases", []) if a in MARKS]
-            if r.get("status") and r["status"] not in marks:
-                marks.append(r["status"])
+            marks += [a for a in (r.aliases if r else ()) if a in MARKS]
+            status = r.tags.get(promote.STATUS, "") if r else ""
+            if status and status not in marks:
+                marks.append(status)
             forgotten = sorted(((m.get("marks") or {}).get(FORGOTTEN) or {}))
             if forgotten:  # trained on a user forgotten since (`tracerl forget`; docs/privacy.md)
                 marks.append(f"trained_on_forgotten_user({','.join(forgotten)})")
@@ -73,20 +100,24 @@ def adapter_rows(cfg: TracerlConfig, tenant: str | None = None, task: str | None
 def format_adapters(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no adapter versions"
-    return tabulate([[f"{r['tenant']}/{r['task']}", f"v{r['version']}",
-                      f"v{r['parent']}" if r["parent"] else "base", "-" if r["turns"] is None else r["turns"],
-                      (r["created"] or "")[:19], " ".join(r["marks"]), (r["mlflow_run"] or "")[:12]]
-                     for r in rows], headers=["target", "version", "parent", "turns", "created (UTC)", "marks",
-                                              "mlflow run"])
+    return table(["target", "version", "parent", "turns", "created (UTC)", "marks", "mlflow run"],
+                 [[f"{r['tenant']}/{r['task']}", f"v{r['version']}", f"v{r['parent']}" if r["parent"] else "base",
+                   r["turns"], (r["created"] or "")[:19], " ".join(r["marks"]), (r["mlflow_run"] or "")[:12]]
+                  for r in rows])
 
+
+# -- tracerl swaps ---------------------------------------------------------------------------------
 
 def swap_rows(cfg: TracerlConfig, tenant: str | None = None, task: str | None = None,
               limit: int | None = None) -> list[dict[str, Any]]:
-    """Swap records of the matching targets, oldest first (the last ``limit``)."""
-    from pipelines.deploy.service import swap_history
+    """Swap records of the matching targets, oldest first (the last ``limit``); as
+    ``pipelines.deploy.service.swap_history`` reads them, without importing the gateway."""
+    from pathlib import Path
 
-    rows = [s for s in swap_history(cfg) if (tenant is None or s.get("tenant") == tenant)
-            and (task is None or s.get("task") == task)]
+    from pipelines.deploy.deployer import read_swaps
+
+    rows = [s for s in read_swaps(Path(cfg.home) / "deploy" / "swaps.jsonl")
+            if (tenant is None or s.get("tenant") == tenant) and (task is None or s.get("task") == task)]
     return rows[-limit:] if limit else rows
 
 
@@ -101,11 +132,20 @@ def format_swaps(rows: list[dict[str, Any]]) -> str:
     for s in rows:
         moved = f"{_fmt(s.get('from')) or '-'} -> {_fmt(s.get('to')) or '-'}"
         why = s.get("error") or s.get("why") or ""
-        out.append([str(s.get("at", ""))[:19], f"{s.get('tenant')}/{s.get('task')}", s.get("action", ""), moved,
-                    "ok" if s.get("ok", True) else "FAILED", s.get("requests", ""), s.get("failed_requests", ""),
-                    s.get("who", ""), why if len(why) <= 60 else why[:57] + "..."])
-    return tabulate(out, headers=["at (UTC)", "target", "action", "from -> to", "outcome", "requests", "failed",
-                                  "who", "why / error"])
+        out.append([str(s.get("at", ""))[:19], f"{s.get('tenant')}/{s.get('task')}", s.get("action"), moved,
+                    "ok" if s.get("ok", True) else "FAILED", s.get("requests"), s.get("failed_requests"),
+                    s.get("who"), clip(why, 80)])
+    return table(["at (UTC)", "target", "action", "from -> to", "outcome", "requests", "failed", "who",
+                  "why / error"], out)
+
+
+# -- tracerl consent show --------------------------------------------------------------------------
+
+def format_consent(records: list[Any]) -> str:
+    """Consent records (``pipelines.lake.consent``) as the table."""
+    return table(["user", "consent", "effective", "by", "recorded", "reason"],
+                 [(r.user_id, "opt-in" if r.consent else "opt-out", r.to_dict()["effective_at"], r.actor,
+                   r.to_dict()["recorded_at"], r.reason) for r in records])
 
 
 def json_lines(rows: list[dict[str, Any]]) -> str:

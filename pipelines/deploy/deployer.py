@@ -21,10 +21,13 @@ unloaded (the last one to drain it does), and loads are serialized across them. 
 what no gateway uses any more (two drains at once, a drain that timed out, once its requests end).
 
 Every attempt, failed or not, is one JSON line in ``<home>/deploy/swaps.jsonl``:
-``{at, who, action, tenant, task, from, to, ok, error, load_s, drain_s, drained, unloaded,
+``{at, who, why, action, tenant, task, from, to, ok, error, load_s, drain_s, drained, unloaded,
 requests, failed_requests}``; the last two count the route's requests that ended between the
 start of the load and the end of the drain, and those of them vLLM failed (the zero-failure
-claim, measured on live traffic by the router).
+claim, measured on live traffic by the router). ``who`` did it and ``why``: reconcile passes the
+registry's reason for the champion (the gate's run and decision, an operator's --why); a swap
+asked for over the gateway's swap route, which carries no reason, gets its ``why`` from a note
+line the reconciler appends after it (``note_swap``), merged in by ``read_swaps``.
 """
 
 from __future__ import annotations
@@ -105,11 +108,11 @@ class Deployer:
 
     # -- public -------------------------------------------------------------------------------
 
-    def promote(self, tenant: str, task: str, version: int, who: str) -> dict[str, Any]:
-        return self._swap("deploy", tenant, task, int(version), who)
+    def promote(self, tenant: str, task: str, version: int, who: str, why: str = "") -> dict[str, Any]:
+        return self._swap("deploy", tenant, task, int(version), who, why)
 
-    def rollback(self, tenant: str, task: str, who: str) -> dict[str, Any]:
-        return self._swap("rollback", tenant, task, None, who)
+    def rollback(self, tenant: str, task: str, who: str, why: str = "") -> dict[str, Any]:
+        return self._swap("rollback", tenant, task, None, who, why)
 
     def restore(self, who: str = "restore") -> list[dict[str, Any]]:
         """Load every routed version into the upstreams (a restarted gateway or vLLM), validated
@@ -123,7 +126,8 @@ class Deployer:
         records = []
         with self._lock:
             for live in self.router.routes():
-                record = self._record(who, "restore", live.tenant, live.task, to=label(live.version))
+                record = self._record(who, "restore", live.tenant, live.task, to=label(live.version),
+                                      why="the gateway or vLLM (re)started: the routed version is loaded again")
                 record["from"] = None
                 t0 = time.monotonic()
                 try:
@@ -158,6 +162,7 @@ class Deployer:
         longer validates is skipped, as ``restore`` leaves it (it fails on every replica alike)."""
         with self._lock:
             record = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who,
+                      "why": f"replica {url} answers again: it gets the routed adapters before it serves",
                       "action": "replica_back", "replica": url, "loaded": [], "unloaded": [], "skipped": []}
             t0 = time.monotonic()
             try:
@@ -221,7 +226,8 @@ class Deployer:
             if not (released or unloaded):
                 return None
             record = {"at": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "who": who,
-                      "action": "sweep", "ok": True, "released": released, "unloaded": unloaded}
+                      "why": "adapters no gateway routes or holds any more", "action": "sweep", "ok": True,
+                      "released": released, "unloaded": unloaded}
             self._log(record)
             return record
 
@@ -330,9 +336,10 @@ class Deployer:
 
     # -- the swap -----------------------------------------------------------------------------
 
-    def _swap(self, action: str, tenant: str, task: str, version: int | None, who: str) -> dict[str, Any]:
+    def _swap(self, action: str, tenant: str, task: str, version: int | None, who: str,
+              why: str = "") -> dict[str, Any]:
         with self._lock:
-            record = self._record(who, action, tenant, task)
+            record = self._record(who, action, tenant, task, why=why)
             t0, ended0 = time.monotonic(), self.router.ended(tenant, task)
             try:
                 old = self.router.live(tenant, task)
@@ -426,11 +433,33 @@ class Deployer:
             fh.flush()
 
 
+NOTE = "note_of"  # a line of swaps.jsonl that gives a record (its tenant, task and `at`) the why it lacks
+
+
+def note_swap(path: Path, record: dict[str, Any], why: str) -> None:
+    """Append to the swap log at ``path`` the ``why`` of a swap a gateway logged without one (its
+    swap route takes none): ``read_swaps`` sets it on ``record``'s line. One line, appended whole,
+    like the gateway's own."""
+    if not why or not record.get("at"):
+        return
+    line = {NOTE: record["at"], "tenant": record.get("tenant"), "task": record.get("task"), "why": why}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
 def read_swaps(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Swap records, oldest first (the last ``limit`` when given)."""
+    """Swap records, oldest first (the last ``limit`` when given), each with the why a note gave it."""
     path = Path(path)
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    notes = {(n.get("tenant"), n.get("task"), n[NOTE]): n.get("why") for n in lines if NOTE in n}
+    rows = [r for r in lines if NOTE not in r]
+    for r in rows:
+        why = notes.get((r.get("tenant"), r.get("task"), r.get("at")))
+        if why and not r.get("why"):
+            r["why"] = why
     return rows[-limit:] if limit else rows
 

@@ -13,9 +13,11 @@ decides what should serve: that is the alias, moved only by the gate and by oper
 
 A swap that happened writes on the model versions when each served: ``tracerl.served_from``
 on the new one, ``tracerl.served_until`` and ``tracerl.stopped_reason`` ("replaced by v5
-(promote by gate)") on the one it replaced. The gateway down: every differing route reports
-"waiting for gateway" and nothing changes. A failed swap: that route keeps its old version,
-the report says so, the other routes still reconcile.
+(promote by gate)") on the one it replaced. The swap log (``tracerl swaps``) records who swapped
+(``who``: the Dagster run, the operator, the gateway's own reconcile) and why (``swap_why``: the
+registry's reason for the champion; for a gate promotion, the gate's run and decision). The
+gateway down: every differing route reports "waiting for gateway" and nothing changes. A failed
+swap: that route keeps its old version, the report says so, the other routes still reconcile.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ SERVED_FROM, SERVED_UNTIL, STOPPED = "tracerl.served_from", "tracerl.served_unti
 Step = Literal["in_sync", "no_champion", "wait", "swap"]
 CanaryStep = Literal["none", "in_sync", "start", "stop", "replace", "wait"]
 Outcome = Literal["in_sync", "no_champion", "waiting", "swapped", "failed"]
-Swapper = Callable[[str, str, int, str], dict[str, Any]]  # (tenant, task, version, who) -> the swap record
+Swapper = Callable[..., dict[str, Any]]  # (tenant, task, version, who, why) -> the swap record
+GATE_RUN, GATE_REASONS = "tracerl.gate.run_id", "tracerl.gate.reasons"
 
 
 @dataclass
@@ -122,6 +125,28 @@ class ReconcileReport:
         return [t.line() for t in self.targets]
 
 
+def swap_why(mv: Any) -> str:
+    """Why the champion ``mv`` (an MLflow model version) is served: the reason its last move
+    recorded (``promote.move_champion``: "deploy by alice: hotfix", "rollback by bob: ..."); a
+    gate promotion names the gate's MLflow run and its decision's first reason, e.g. "promoted by
+    gate run 106f...: primary suite 'answers' (n=30, bootstrap): gain +0.3333 (champion 0.3333 ->
+    candidate 0.6667), lower bound +0.2000, p_gain=0.0005 < alpha=0.0500"."""
+    from pipelines.adapters.promote import REASON
+
+    tags = mv.tags or {}
+    reason = tags.get(REASON)
+    if not reason:
+        return f"registry version {mv.version} is the champion (set directly: no move recorded on it)"
+    run = tags.get(GATE_RUN)
+    if reason.startswith("promote by gate") and run:
+        # the decision's first reason (the gate joins them with " | "), its figures only (to the first "; ")
+        first = (tags.get(GATE_REASONS) or "").split(" | ")[0].split("; ")[0].split(", look ")[0].strip()
+        detail = reason[len("promote by gate"):].lstrip(": ")
+        why = f"promoted by gate run {run}" + (f" ({detail})" if detail else "")
+        return why + (f": {first[:300]}" if first else "")
+    return reason
+
+
 def default_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:
     """Every tenant/task with adapters in the store or a registered model (tags tenant, task)."""
     from pipelines.tracking import client
@@ -138,18 +163,19 @@ def default_targets(cfg: TracerlConfig) -> list[tuple[str, str]]:
 def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
               who: str = "reconcile", gateway: GatewayHandle | None = None, canaries: bool = True) -> ReconcileReport:
     """Make the gateway serve each target's champion, and its canary unless ``canaries`` is off;
-    ``who`` lands in the swap log. ``gateway``: the gateway this runs in (running by definition);
-    without it, the running gateway of ``<home>/run/gateway.json``, through its admin API."""
+    ``who`` lands in the swap log, with why (``swap_why``). ``gateway``: the gateway this runs in
+    (running by definition); without it, the running gateway of ``<home>/run/gateway.json``,
+    through its admin API."""
     from pipelines.deploy.deployer import DeployError
     from pipelines.deploy.routing import Router
-    from pipelines.deploy.service import GatewayError, read_gateway_state, swap
+    from pipelines.deploy.service import GatewayError, read_gateway_state
     from pipelines.adapters.promote import REASON, alias_version
     from pipelines.adapters.registry import CHAMPION
 
     live_of = gateway.router.live if gateway is not None else \
         (lambda tenant, task: Router(cfg.routes_path).live(tenant, task))
     do_swap: Swapper = gateway.swap if gateway is not None else \
-        (lambda tenant, task, version, by: swap(cfg, tenant, task, version, who=by))
+        (lambda tenant, task, version, by, why: _remote_swap(cfg, tenant, task, version, by, why))
     report = ReconcileReport(gateway_running=gateway is not None or read_gateway_state(cfg) is not None)
     for tenant, task in (default_targets(cfg) if targets is None else targets):
         live = live_of(tenant, task)
@@ -163,7 +189,7 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
         if step != "swap":
             continue
         try:
-            result.swap = do_swap(tenant, task, desired, who)
+            result.swap = do_swap(tenant, task, desired, who, swap_why(mv))
         except (GatewayError, DeployError, OSError) as e:  # the old version keeps serving; go on with the others
             raced = live_of(tenant, task)
             if raced is not None and raced.version == desired:  # another reconcile swapped it meanwhile
@@ -185,6 +211,19 @@ def reconcile(cfg: TracerlConfig, targets: list[tuple[str, str]] | None = None,
                 result.canary = _reconcile_canary(cfg, result.tenant, result.task, result.champion, who,
                                                   report.gateway_running, gateway)
     return report
+
+
+def _remote_swap(cfg: TracerlConfig, tenant: str, task: str, version: int, who: str, why: str) -> dict[str, Any]:
+    """The running gateway's swap (``service.swap``); its route takes no reason, so the why is
+    noted in the swap log after it (``deployer.note_swap``), and set on the record returned."""
+    from pipelines.deploy import service
+    from pipelines.deploy.deployer import note_swap
+
+    record = service.swap(cfg, tenant, task, version, who=who)
+    if why and not record.get("why"):
+        note_swap(cfg.routes_path.parent / "swaps.jsonl", record, why)
+        record = {**record, "why": why}
+    return record
 
 
 def _reconcile_canary(cfg: TracerlConfig, tenant: str, task: str, champion: int | None, who: str,

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_shipped_suite_parses():
-    suites = load_suites(REPO / "evals", "example", "support")
+    suites = load_suites(REPO / "docs" / "examples" / "evals", "example", "support")
     assert {s.name: s.role for s in suites} == {"correctness": "primary", "format": "guardrail", "tools": "guardrail"}
     assert all(s.items for s in suites)
 
@@ -50,7 +50,7 @@ def test_bad_suites_are_clear_errors(tmp_path, toml, items, words):
 
 
 def test_learner_excludes_eval_turns_by_normalized_hash():
-    hashes = eval_hashes(REPO / "evals", "example", "support")
+    hashes = eval_hashes(REPO / "docs" / "examples" / "evals", "example", "support")
     turns = [
         {"id": 1, "m": [{"role": "user", "content": "how many DAYS are in a week?"}]},           # eval, recased
         {"id": 2, "m": [{"role": "system", "content": "Be brief."},

@@ -1,4 +1,6 @@
-"""Each family's private eval: its held-out prompts, scored like the users judge."""
+"""Each family's private eval: its held-out prompts, scored like the users judge. The suites are
+written by pipelines/sim/evals.py where they are needed (nothing of the simulator's is committed
+under evals/), once per module here."""
 
 from __future__ import annotations
 
@@ -8,11 +10,16 @@ import pytest
 
 from pipelines.evals.scorers import score
 from pipelines.evals.suites import load_suites
-from pipelines.sim.evals import write_suite
+from pipelines.sim.evals import ensure_suite, write_suite, write_suites
 from pipelines.sim.families import Reply, families
 
-EVALS = Path(__file__).resolve().parents[2] / "evals"
-FAMILIES = [n for n in families() if n != "concise"]
+REPO = Path(__file__).resolve().parents[2]
+FAMILIES = [n for n in families() if n != "concise"]  # concise's rubric is stricter than its `liked`
+
+
+@pytest.fixture(scope="module")
+def EVALS(tmp_path_factory):
+    return write_suites(tmp_path_factory.mktemp("evals"))
 
 REPLIES = {
     "followup": ["Start with a guest list and a budget. What date are you thinking of?",
@@ -32,8 +39,8 @@ REPLIES = {
 }
 
 
-@pytest.mark.parametrize("name", FAMILIES)
-def test_committed_suite_is_the_families_heldout_prompts(name, tmp_path):
+@pytest.mark.parametrize("name", list(families()))
+def test_written_suite_is_the_families_heldout_prompts(name, tmp_path, EVALS):
     fam = families()[name]
     [suite] = load_suites(EVALS, "acme", fam.task)
     assert suite.role == "primary" and len(suite.items) == len(fam.prompts("heldout"))
@@ -41,14 +48,48 @@ def test_committed_suite_is_the_families_heldout_prompts(name, tmp_path):
     assert users == [m[-1]["content"] for m in fam.prompts("heldout")]
     train = {m[-1]["content"] for m in fam.prompts("train")}
     assert not train & set(users)
-    write_suite(fam, tmp_path)  # regenerating gives the committed files (no drift)
+    write_suite(fam, tmp_path)  # writing again gives the same files (deterministic)
     for f in ("toml", "jsonl"):
         assert (tmp_path / "acme" / fam.task / f"{fam.task}.{f}").read_text() == \
             (EVALS / "acme" / fam.task / f"{fam.task}.{f}").read_text()
 
 
+def test_the_concise_suite_scores_a_short_complete_reply(EVALS):
+    """concise's rubric (complete: a full stop; short: 180 characters at most)."""
+    [suite] = load_suites(EVALS, "acme", "concise")
+    item = suite.items[0]
+    assert score(suite.scorer, "Your flight leaves at nine.", item) == 1.0
+    assert score(suite.scorer, "Your flight leaves at nine", item) == 0.0       # cut off
+    assert score(suite.scorer, "word " * 40 + "end.", item) == 0.0             # too long
+
+
+def test_no_simulator_suite_is_committed_under_evals():
+    """A checkout's evals/ tracks the template only (the simulator's suites are written where a
+    demo needs them, and git ignores them there): a fresh clone's `tracerl tenant list` is empty."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "evals"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked and all(f.startswith("evals/_template/") or f == "evals/.gitignore" for f in tracked), tracked
+
+
+def test_ensure_suite_writes_a_missing_simulated_suite_only(tmp_path):
+    assert ensure_suite(tmp_path, "acme", "style") == tmp_path / "acme" / "style"
+    assert len(load_suites(tmp_path, "acme", "style")[0].items) == len(families()["style"].prompts("heldout"))
+    own = tmp_path / "acme" / "fact"
+    own.mkdir(parents=True)
+    (own / "mine.toml").write_text('role = "primary"\n[scorer]\nkind = "regex"\npattern = "x"\n')
+    assert ensure_suite(tmp_path, "acme", "fact") is None                # someone's own suite: left alone
+    assert sorted(p.name for p in own.iterdir()) == ["mine.toml"]
+    assert ensure_suite(tmp_path, "acme", "support") is None             # no simulated family's task
+    assert not (tmp_path / "acme" / "support").exists()
+
+
 @pytest.mark.parametrize("name", FAMILIES)
-def test_primary_scorer_agrees_with_liked(name):
+def test_primary_scorer_agrees_with_liked(name, EVALS):
     fam = families()[name]
     [suite] = load_suites(EVALS, "acme", fam.task)
     item = suite.items[0]
@@ -60,7 +101,7 @@ def test_primary_scorer_agrees_with_liked(name):
     assert verdicts == {True, False}
 
 
-def test_tools_items_carry_the_rendered_tools():
+def test_tools_items_carry_the_rendered_tools(EVALS):
     fam = families()["tools"]
     [suite] = load_suites(EVALS, "acme", "tools")
     for item in suite.items:

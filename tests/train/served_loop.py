@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ def stack_settings(target: str) -> str:
     """The proof's tables of tracerl.toml: the tiny model, the simulated users' reward spec; `target`
     adds its own `[targets."acme/<task>"]` settings."""
     from pipelines.loop.demo import SIM_REWARD_SPEC
+    from pipelines.sim.evals import write_suites  # the simulated tenant's suites, in a folder of their own
 
     return f"""
 [train]
@@ -100,7 +102,7 @@ port = 0
 [serve]
 start_timeout_s = 420  # vLLM on 2 busy cores can take more than the default 180 s to come up
 [gate]
-suites_dir = "{REPO / 'evals'}"
+suites_dir = "{write_suites(tempfile.mkdtemp(prefix='tracerl-sim-evals-'))}"
 [reward]
 spec = "{SIM_REWARD_SPEC}"
 {target}"""
