@@ -19,13 +19,15 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.config import TracerlConfig
 from pipelines.services import process
 from pipelines.services.process import ProcessState
-from pipelines.deploy.gateway import Gateway
 from pipelines.config.gateway import GatewayConfig
+
+if TYPE_CHECKING:  # the gateway (aiohttp) loads only where one is built: `tracerl status` stays fast
+    from pipelines.deploy.gateway import Gateway
 
 
 class GatewayError(RuntimeError):
@@ -75,11 +77,12 @@ def key_ring(cfg: TracerlConfig, gcfg: GatewayConfig, admin: str):
     return KeyRing(gcfg.api_keys, key_folder(cfg.home), reserved=(admin,))
 
 
-def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitter_options: Any) -> Gateway:
+def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitter_options: Any) -> "Gateway":
     """Wire router, deployer and emitter from the configuration; load the routed versions."""
     from pipelines.deploy import admin
     from pipelines.deploy.deployer import Deployer
     from pipelines.deploy.emitter import Emitter, EmitterConfig
+    from pipelines.deploy.gateway import Gateway
     from pipelines.deploy.routing import Router
     from pipelines.deploy.upstreams import Upstreams
     from pipelines.deploy.vllm_server import read_state
@@ -124,7 +127,7 @@ def build_gateway(cfg: TracerlConfig, gcfg: GatewayConfig | None = None, **emitt
 class GatewayThread:
     """The gateway on its own event loop in a thread of this process (tests and benches)."""
 
-    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, gateway: "Gateway", host: str = "127.0.0.1", port: int = 0):
         from aiohttp import web
 
         self.gateway, self.host = gateway, host
