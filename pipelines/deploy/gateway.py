@@ -6,9 +6,13 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
 - ``POST /v1/chat/completions`` (tenant key): ``model`` is a public name (``task`` or
   ``tenant/task``); the router maps it to the live versioned adapter. vLLM is always asked for
   ``logprobs`` and ``return_token_ids``; the client gets them only if it asked. The response
-  carries ``tracerl: {trace_id, turn_id, adapter_version}`` (the version an int, 3 for the
-  store's ``v3``) and ``X-Tracerl-Trace-Id`` / ``X-Tracerl-Turn-Id`` headers; streaming (SSE)
-  puts ``tracerl`` in the first chunk. A
+  carries ``tracerl: {trace_id, turn_id, turn_ids, adapter_version, train}`` (the version an int, 3
+  for the store's ``v3``) and ``X-Tracerl-Trace-Id`` / ``X-Tracerl-Turn-Id`` headers; streaming (SSE)
+  puts ``tracerl`` in the first chunk. ``n`` (1 to ``schemas.MAX_N``, streamed or not) samples
+  several answers: each choice is a turn of its own, ``choices[i].turn_id`` (``turn_ids[i]``; the
+  header and ``turn_id`` are choice 0's), recorded as its own ``ModelTurn`` with its own tokens and
+  logprobs, all with the same trace, turn index and input: a group of samples of one prompt, as
+  the learner groups them (identical input messages) for its group baseline. A
   ``ModelTurn`` with tokens, behaviour logprobs, sampling and latency goes to the emitter
   (awaited only while Kafka is down: then it is on disk before the answer, or before a stream's
   ``[DONE]``; see ``emitter.py``); ``tracerl.train`` in the response echoes the flag the turn was recorded
@@ -45,7 +49,8 @@ and SageMaker-style ``/adapters``, is a 404: the gateway never forwards arbitrar
   ``tool_call`` event with its outcome (``tool_results``: invalid arguments by the tool's
   schema, an ``error`` in a JSON result, else ok), once per call however often it is resent.
 - ``POST /v1/feedback`` (tenant key): ``{type: feedback|tool_call|session_end, trace_id, ...}``.
-- ``GET /v1/models`` (tenant key): this tenant's public names.
+- ``GET /v1/models`` (tenant key): this tenant's public names, each with ``version``: the adapter
+  version serving it, an int like every turn's ``adapter_version`` (4, never the store's ``v4``).
 - ``POST /admin/deploy {tenant, task, version, who?, why, force?}`` and ``POST /admin/rollback
   {tenant, task, who?, why}`` (admin key) are ``tracerl deploy | rollback``: they move the
   registry's ``champion`` alias with who and why, then reconcile this gateway to it in-process
@@ -106,6 +111,7 @@ from typing import Any
 from aiohttp import (ClientConnectionError, ClientConnectorError, ClientPayloadError, ClientSession, ClientTimeout,
                      ServerTimeoutError, TCPConnector, web)
 
+from pipelines.adapters.version import parse_version
 from pipelines.contract.events import EVENT_TYPES, Message, ModelTurn, Sampling, ToolCall, wire_json
 from pipelines.contract.tool_calls import parse_tool_calls
 from pipelines.deploy.tool_results import call_id, tool_results
@@ -114,6 +120,7 @@ from pipelines.deploy import operations, schemas
 from pipelines.deploy.deployer import Deployer, DeployError, read_swaps
 from pipelines.deploy.emitter import Emitter
 from pipelines.ingest.offsets import LagWatch
+from pipelines.deploy import errors as E
 from pipelines.deploy.errors import ApiError, error_response, errors_as_json
 from pipelines.config.gateway import GatewayConfig
 from pipelines.deploy.json_body import parse_json
@@ -163,7 +170,7 @@ def tool_reply(text: str, turn_id: str) -> dict[str, Any] | None:
 # What an OpenAI chat completion (or chunk) and its choices carry; anything else vLLM adds is dropped.
 OPENAI_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint",
                            "service_tier"})
-OPENAI_CHOICE_FIELDS = frozenset({"index", "message", "delta", "logprobs", "finish_reason"})
+OPENAI_CHOICE_FIELDS = frozenset({"index", "message", "delta", "logprobs", "finish_reason"})  # + our turn_id
 
 
 class Gateway:
@@ -321,7 +328,8 @@ class Gateway:
     def _tenant(self, request: web.Request) -> str:
         tenant = self.keys.tenant_of(self._key(request))
         if tenant is None:
-            raise ApiError(401, "a tenant API key is required")
+            raise ApiError(401, "Incorrect API key provided: a tenant's key is required (Authorization: Bearer <key>)",
+                           code=E.INVALID_API_KEY)
         return tenant
 
     @staticmethod
@@ -332,11 +340,13 @@ class Gateway:
         values = {v.strip().lower() for v in sent}
         if sent and (len(values) != 1 or not values <= {"true", "false"}):
             raise ApiError(400, f"header {TRAIN_HEADER} must be true or false (once), got "
-                                f"{', '.join(repr(v[:40]) for v in sent[:3])}", TRAIN_HEADER, code="invalid_train_flag")
+                                f"{', '.join(repr(v[:40]) for v in sent[:3])}", TRAIN_HEADER, E.INVALID_VALUE,
+                           reason="invalid_train_flag")
         header = values.pop() == "true" if sent else None
         if header is not None and ext.train is not None and header != ext.train:
             raise ApiError(400, f"tracerl.train={str(ext.train).lower()} contradicts header {TRAIN_HEADER}: "
-                                f"{str(header).lower()}; send one of them", "tracerl.train", code="invalid_train_flag")
+                                f"{str(header).lower()}; send one of them", "tracerl.train", E.INVALID_VALUE,
+                           reason="invalid_train_flag")
         return next((v for v in (header, ext.train) if v is not None), True)
 
     def _user(self, request: web.Request, tenant: str, body_user: str | None, trace_id: str | None,
@@ -350,14 +360,14 @@ class Gateway:
             sent = request.headers.getall(USER_HEADER, [])
             if len(sent) > 1:
                 raise ApiError(400, f"header {USER_HEADER} is sent {len(sent)} times; send it once", USER_HEADER,
-                               code="invalid_user")
+                               E.INVALID_VALUE, reason="invalid_user")
             if sent:
                 raw = sent[0]
                 try:
                     schemas.parse(schemas.UserHeader, {"user": raw})
                 except ApiError as err:
                     raise ApiError(400, f"header {USER_HEADER}: {err.message.split(': ', 1)[-1]}", USER_HEADER,
-                                   code="invalid_user") from None
+                                   err.code, reason="invalid_user") from None
         if raw is None:
             return self._trace_users.get(trace_id) if trace_id else None
         user = self.privacy.pseudonym(tenant, raw)
@@ -370,7 +380,7 @@ class Gateway:
 
     def _admin(self, request: web.Request) -> None:
         if not hmac.compare_digest(self._key(request).encode(), self._admin_key.encode()):
-            raise ApiError(403, "the admin key is required")
+            raise ApiError(403, "the admin key is required", code=E.PERMISSION_DENIED)
 
     def _admin_or_own(self, request: web.Request, tenant: str | None = None) -> str:
         """The admin key, or ``tenant``'s own API key (a tenant answers its own users' requests, never
@@ -380,10 +390,10 @@ class Gateway:
             return "admin"
         own = self.keys.tenant_of(key)
         if own is None:
-            raise ApiError(401, "the admin key or the tenant's API key is required")
+            raise ApiError(401, "the admin key or the tenant's API key is required", code=E.INVALID_API_KEY)
         if tenant is not None and own != tenant:
             raise ApiError(403, f"the key of tenant {own!r} cannot act for tenant {tenant!r}", "tenant",
-                           code="other_tenant")
+                           E.PERMISSION_DENIED, reason="other_tenant")
         return f"tenant:{own}"
 
     async def _body(self, request: web.Request) -> Any:
@@ -392,7 +402,7 @@ class Gateway:
             raw = await request.read()  # over client_max_size: 413 through the middleware
         except web.HTTPRequestEntityTooLarge:
             raise ApiError(413, f"request body is over the {self.gcfg.max_body_bytes}-byte limit "
-                                "(gateway.max_body_bytes)") from None
+                                "(gateway.max_body_bytes)", code=E.REQUEST_TOO_LARGE) from None
         return parse_json(raw, self.gcfg.max_json_depth)
 
     def _sign(self, tenant: str, raw: str) -> str:
@@ -440,13 +450,15 @@ class Gateway:
         try:
             _, value, _ = encode(event)
         except ValidationError as err:
-            raise ApiError(400, f"the {event['type']} this request makes is invalid: {err}",
-                           _contract_param(err, chat), code=err.reason) from None
+            code = E.contract_code(err.reason)
+            raise ApiError(413 if code == E.REQUEST_TOO_LARGE else 400,
+                           f"the {event['type']} this request makes is invalid: {err}",
+                           _contract_param(err, chat), code, reason=err.reason) from None
         if len(value) + reserve > self.max_event_bytes:
             room = f" plus {reserve} bytes kept for the output" if reserve else ""
             raise ApiError(413, f"the {event['type']} would be {len(value)} bytes{room}, over the "
                                 f"{self.max_event_bytes}-byte event limit (ingest.max_event_bytes)",
-                           "messages" if chat else None)
+                           "messages" if chat else None, E.REQUEST_TOO_LARGE, reason="event_too_large")
 
     def _output_room(self, req: ChatRequest) -> int:
         """Bytes kept free in the event for the output: per token asked for, at most half the limit."""
@@ -461,13 +473,15 @@ class Gateway:
         train = self._train(request, ext)
         given_trace = ext.trace_id or request.headers.get("X-Tracerl-Trace-Id")
         if given_trace and not self.owns(tenant, given_trace):
-            raise ApiError(404, f"trace {given_trace[:80]!r} is not one of this tenant's traces", "tracerl.trace_id")
+            raise ApiError(404, f"trace {given_trace[:80]!r} is not one of this tenant's traces", "tracerl.trace_id",
+                           E.NOT_FOUND)
         trace_id = given_trace or self.new_trace_id(tenant)
         user = self._user(request, tenant, req.user, trace_id, remember=True)
         try:  # a canary's side sticks to the user when the app names one, else to the conversation
             lease = self.router.acquire(tenant, req.model, f"user:{user}" if user else f"trace:{trace_id}")
         except UnknownModel:
-            raise ApiError(404, f"model {req.model[:80]!r} does not exist for this key", "model") from None
+            raise ApiError(404, f"The model {req.model[:80]!r} does not exist for this API key", "model",
+                           E.MODEL_NOT_FOUND) from None
         self.counts["requests"] += 1
         try:
             app = ext.app or self.gcfg.app
@@ -475,15 +489,18 @@ class Gateway:
             turn = {"trace_id": trace_id, "turn_id": self.new_turn_id(tenant, trace_id),
                     "adapter_version": int(lease.version), "turn_index": self._turn_index(trace_id, ext.turn_index),
                     "app": app, "train": train, "user": user}
+            # n > 1: each choice is a turn of its own (its own id, for feedback), the same trace and
+            # turn index: alternative samples of one prompt, which the learner groups (same input)
+            turns = [turn, *(dict(turn, turn_id=self.new_turn_id(tenant, trace_id)) for _ in range((req.n or 1) - 1))]
             provisional = self._turn_event(lease, turn, req, text="", token_ids=[], logprobs=[], prompt_ids=None,
                                            finish=None, latency_ms=0.0)
-            self._check_event(provisional, self._output_room(req), chat=True)
+            self._check_event(provisional, self._output_room(req), chat=True)  # the same for every choice
             want = {"logprobs": bool(req.logprobs), "token_ids": bool(req.return_token_ids)}
             upstream = dict(req.upstream(), model=lease.name, logprobs=True, return_token_ids=True)
             headers = {"X-Tracerl-Trace-Id": trace_id, "X-Tracerl-Turn-Id": turn["turn_id"]}
             if req.stream:
-                return await self._stream(request, upstream, lease, turn, req, want, headers)
-            return await self._unary(upstream, lease, turn, req, want, headers)
+                return await self._stream(request, upstream, lease, turns, req, want, headers)
+            return await self._unary(upstream, lease, turns, req, want, headers)
         finally:
             self.router.release(lease)
 
@@ -518,7 +535,7 @@ class Gateway:
         except Exception as err:  # noqa: BLE001 - the spill write failed (disk full, ...)
             self.counts["record_errors"] += 1
             raise ApiError(503, f"the event could not be recorded (Kafka is down and the spill failed: {err})",
-                           kind="unavailable_error") from None
+                           code=E.SERVICE_UNAVAILABLE) from None
 
     def _failed(self, lease) -> None:
         """vLLM answered this request with an error, or not at all (counted per route for swaps)."""
@@ -549,44 +566,64 @@ class Gateway:
             self.counts["upstream_retries"] += 1
 
     async def _upstream_error(self, lease, status: int, data: Any, headers) -> web.Response:
-        """vLLM's 4xx goes to the client as is; its 5xx is the gateway's 502 (an upstream failure)."""
+        """vLLM's 4xx goes to the client with its status, message and param, in this gateway's
+        vocabulary (vLLM says ``type: BadRequestError, code: 400``; a prompt over the context is
+        ``context_length_exceeded`` naming ``messages``); its 5xx is the gateway's 502."""
         self._failed(lease)
-        if status < 500 and isinstance(data, dict) and isinstance(data.get("error"), dict):
-            return web.json_response(data, status=status, headers=headers)
-        message = data.get("error", {}).get("message") if isinstance(data, dict) and \
-            isinstance(data.get("error"), dict) else str(data)[:500]
+        err = data["error"] if isinstance(data, dict) and isinstance(data.get("error"), dict) else {}
+        message = str(err.get("message") or data)[:2000] if err else str(data)[:500]
+        if status < 500 and err:
+            code = E.upstream_code(status, message)
+            param = "messages" if code == E.CONTEXT_LENGTH_EXCEEDED else err.get("param")
+            return error_response(status, message, param if isinstance(param, str) else None, code, headers=headers)
         return error_response(502 if status >= 500 else status, f"upstream vLLM answered {status}: {message}",
                               headers=headers)
 
-    async def _unary(self, body, lease, turn, req, want, headers) -> web.Response:
+    async def _unary(self, body, lease, turns, req, want, headers) -> web.Response:
         t0 = time.perf_counter()
         try:
             data, status = await self._unary_answer(body)
         except Exception as err:  # noqa: BLE001 - refused, reset, timeout: the client gets a 502
             self._failed(lease)
             if isinstance(err, NoReplica):
-                return error_response(503, str(err), "upstream_error")
-            return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
+                return error_response(503, str(err), code=E.SERVICE_UNAVAILABLE)
+            return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", code=E.UPSTREAM_ERROR)
         if status != 200:
             return await self._upstream_error(lease, status, data, headers)
         latency_ms = (time.perf_counter() - t0) * 1000
-        choice = data["choices"][0]
-        lps = [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
-        await self._emit(lease, turn, req, text=choice["message"].get("content") or "",
-                         token_ids=list(choice.get("token_ids") or []), logprobs=lps,
-                         prompt_ids=data.get("prompt_token_ids"), finish=choice.get("finish_reason"),
-                         latency_ms=latency_ms)
+        choices = sorted(data.get("choices") or [], key=lambda c: c.get("index") or 0)
+        if len(choices) != len(turns):
+            self._failed(lease)
+            return error_response(502, f"upstream vLLM answered {len(choices)} choices for n={len(turns)}",
+                                  code=E.UPSTREAM_ERROR, headers=headers)
+        events = []
+        for choice, turn in zip(choices, turns):
+            lps = [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
+            events.append(self._turn_record(lease, turn, req, text=choice["message"].get("content") or "",
+                                            token_ids=list(choice.get("token_ids") or []), logprobs=lps,
+                                            prompt_ids=data.get("prompt_token_ids"),
+                                            finish=choice.get("finish_reason"), latency_ms=latency_ms))
+        await self._record(*events)
         data["model"] = req.model
-        said = req.prefix() + (choice["message"].get("content") or "")  # the model's whole reply
-        reply = tool_reply(said, turn["turn_id"]) if req.tools_active() else None
-        if req.prefix():
-            choice["message"]["content"] = said
-        if reply is not None:
-            choice["message"].update(reply)
-            choice["finish_reason"] = "tool_calls"
+        for choice, turn in zip(choices, turns):
+            said = req.prefix() + (choice["message"].get("content") or "")  # the model's whole reply
+            reply = tool_reply(said, turn["turn_id"]) if req.tools_active() else None
+            if req.prefix():
+                choice["message"]["content"] = said
+            if reply is not None:
+                choice["message"].update(reply)
+                choice["finish_reason"] = "tool_calls"
+        data["choices"] = choices
         self._strip(data, want)
-        data["tracerl"] = {k: turn[k] for k in ECHOED}
+        for choice, turn in zip(data["choices"], turns):
+            choice["turn_id"] = turn["turn_id"]
+        data["tracerl"] = self._echo(turns)
         return web.json_response(data, headers=headers)
+
+    @staticmethod
+    def _echo(turns: list[dict[str, Any]]) -> dict[str, Any]:
+        """The response's ``tracerl`` block: choice 0's turn as ``turn_id``, every choice's in ``turn_ids``."""
+        return {**{k: turns[0][k] for k in ECHOED}, "turn_ids": [t["turn_id"] for t in turns]}
 
     async def _unary_answer(self, body: dict[str, Any]) -> tuple[Any, int]:
         """A whole (non-streamed) answer and its status. A replica that dies after its headers,
@@ -619,17 +656,26 @@ class Gateway:
             if not want["logprobs"] and "logprobs" in c:
                 c["logprobs"] = None
 
-    async def _stream(self, request, body, lease, turn, req, want, headers) -> web.StreamResponse:
+    async def _stream(self, request, body, lease, turns, req, want, headers) -> web.StreamResponse:
+        """vLLM's chunks passed on as they come (choice ``i`` of ``n`` in chunks with ``index: i``),
+        each choice's own text, tokens and logprobs gathered for its turn; every turn is recorded
+        before ``[DONE]``. ``tracerl`` rides on the first chunk, a choice's ``turn_id`` on its first."""
         t0 = time.perf_counter()
-        text, ids, lps, prompt_ids, finish = [], [], [], None, None
-        hold, template, lp_entries = req.tools_active(), None, []  # tools: answer once the reply is whole
+        n = len(turns)
+        text: list[list[str]] = [[] for _ in range(n)]
+        ids: list[list[int]] = [[] for _ in range(n)]
+        lps: list[list[float]] = [[] for _ in range(n)]
+        lp_entries: list[list[dict]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        prompt_ids, named = None, set()
+        hold, template = req.tools_active(), None  # tools: answer once the reply is whole
         try:
             ctx, up = await self._post(body)
         except Exception as err:  # noqa: BLE001
             self._failed(lease)
             if isinstance(err, NoReplica):
-                return error_response(503, str(err), "upstream_error")
-            return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", "upstream_error")
+                return error_response(503, str(err), code=E.SERVICE_UNAVAILABLE)
+            return error_response(502, f"upstream vLLM failed: {type(err).__name__}: {err}", code=E.UPSTREAM_ERROR)
         try:
             if up.status != 200:
                 try:
@@ -650,28 +696,39 @@ class Gateway:
                 chunk = json.loads(payload)
                 prompt_ids = prompt_ids or chunk.get("prompt_token_ids")
                 for c in chunk.get("choices") or []:
-                    text.append((c.get("delta") or {}).get("content") or "")
-                    ids.extend(c.get("token_ids") or [])
+                    i = c.get("index") or 0
+                    if not 0 <= i < n:
+                        raise ValueError(f"upstream vLLM streamed choice {i} for n={n}")
+                    text[i].append((c.get("delta") or {}).get("content") or "")
+                    ids[i].extend(c.get("token_ids") or [])
                     entries = (c.get("logprobs") or {}).get("content") or []
-                    lps.extend(t["logprob"] for t in entries)
-                    lp_entries.extend(entries)
-                    finish = c.get("finish_reason") or finish
+                    lps[i].extend(t["logprob"] for t in entries)
+                    lp_entries[i].extend(entries)
+                    finish[i] = c.get("finish_reason") or finish[i]
                 if hold:
                     template = template or chunk
                     continue
                 chunk["model"] = req.model
                 self._strip(chunk, want)
+                for c in chunk.get("choices") or []:
+                    i = c.get("index") or 0
+                    if i not in named:
+                        named.add(i)
+                        c["turn_id"] = turns[i]["turn_id"]
                 if first:
-                    chunk["tracerl"] = {k: turn[k] for k in ECHOED}
+                    chunk["tracerl"] = self._echo(turns)
                     first = False
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if hold:
-                for chunk in self._held_chunks(template or {}, req.prefix() + "".join(text), finish, lp_entries, ids,
-                                               prompt_ids, turn, req, want):
+                for chunk in self._held_chunks(template or {}, [req.prefix() + "".join(t) for t in text], finish,
+                                               lp_entries, ids, prompt_ids, turns, req, want):
                     await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            latency_ms = (time.perf_counter() - t0) * 1000
+            events = [self._turn_record(lease, turn, req, text="".join(text[i]), token_ids=ids[i], logprobs=lps[i],
+                                        prompt_ids=prompt_ids, finish=finish[i], latency_ms=latency_ms)
+                      for i, turn in enumerate(turns)]
             try:  # recorded before [DONE]: with Kafka down, on disk before the answer is complete
-                await self._emit(lease, turn, req, text="".join(text), token_ids=ids, logprobs=lps,
-                                 prompt_ids=prompt_ids, finish=finish, latency_ms=(time.perf_counter() - t0) * 1000)
+                await self._record(*events)
             except ApiError:  # not recorded: no [DONE], the client sees a broken stream, not an answer
                 resp.force_close()
                 return resp
@@ -687,27 +744,32 @@ class Gateway:
             await ctx.__aexit__(None, None, None)
         return resp
 
-    @staticmethod
-    def _held_chunks(template, text, finish, lp_entries, ids, prompt_ids, turn, req, want) -> list[dict]:
-        """A held (tools) reply as OpenAI stream chunks: the content, then the calls whole, then the
-        finish reason; logprobs and token ids ride on the first choice chunk when asked for."""
+    @classmethod
+    def _held_chunks(cls, template, texts, finish, lp_entries, ids, prompt_ids, turns, req, want) -> list[dict]:
+        """A held (tools) reply as OpenAI stream chunks, choice by choice: the content, then the
+        calls whole, then the finish reason; logprobs and token ids ride on each choice's first
+        chunk when asked for, ``tracerl`` (and the prompt's token ids) on the very first."""
         base = {k: template[k] for k in ("id", "object", "created") if k in template}
         base["model"] = req.model
-        reply = tool_reply(text, turn["turn_id"])
-        first: dict[str, Any] = {"index": 0, "delta": {"role": "assistant", "content": text if reply is None
-                                                      else reply["content"]}, "finish_reason": None}
-        if want["logprobs"]:
-            first["logprobs"] = {"content": lp_entries}
-        if want["token_ids"]:
-            first["token_ids"] = ids
-        chunks = [dict(base, choices=[first], tracerl={k: turn[k] for k in ECHOED})]
+        chunks: list[dict[str, Any]] = []
+        for i, (text, turn) in enumerate(zip(texts, turns)):
+            reply = tool_reply(text, turn["turn_id"])
+            first: dict[str, Any] = {"index": i, "delta": {"role": "assistant", "content": text if reply is None
+                                                          else reply["content"]}, "finish_reason": None,
+                                     "turn_id": turn["turn_id"]}
+            if want["logprobs"]:
+                first["logprobs"] = {"content": lp_entries[i]}
+            if want["token_ids"]:
+                first["token_ids"] = ids[i]
+            chunks.append(dict(base, choices=[first]))
+            if reply is not None:
+                calls = [dict(c, index=j) for j, c in enumerate(reply["tool_calls"])]
+                chunks.append(dict(base, choices=[{"index": i, "delta": {"tool_calls": calls}, "finish_reason": None}]))
+            chunks.append(dict(base, choices=[{"index": i, "delta": {},
+                                               "finish_reason": "tool_calls" if reply is not None else finish[i]}]))
+        chunks[0]["tracerl"] = cls._echo(turns)
         if want["token_ids"] and prompt_ids is not None:
             chunks[0]["prompt_token_ids"] = prompt_ids
-        if reply is not None:
-            calls = [dict(c, index=i) for i, c in enumerate(reply["tool_calls"])]
-            chunks.append(dict(base, choices=[{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]))
-        chunks.append(dict(base, choices=[{"index": 0, "delta": {},
-                                           "finish_reason": "tool_calls" if reply is not None else finish}]))
         return chunks
 
     def _turn_event(self, lease, turn, req: ChatRequest, *, text, token_ids, logprobs, prompt_ids, finish,
@@ -723,14 +785,14 @@ class Gateway:
                          sampling=sampling, finish_reason=finish, latency_ms=round(latency_ms, 2),
                          train=turn["train"], arm=lease.arm, user=turn["user"]).to_dict()
 
-    async def _emit(self, lease, turn, req, **outputs) -> None:
-        """Record the served turn (``_record``). Prompt ids are optional in the contract (the learner
-        can re-tokenize): they are the first thing left out of an event that would be oversize."""
+    def _turn_record(self, lease, turn, req, **outputs) -> dict[str, Any]:
+        """The served turn's event, for ``_record``. Prompt ids are optional in the contract (the
+        learner can re-tokenize): they are the first thing left out of an event that would be oversize."""
         event = self._redact(self._turn_event(lease, turn, req, **outputs))
         if event.get("prompt_token_ids") and len(wire_json(event)) > self.max_event_bytes:
             event.pop("prompt_token_ids")
             self.counts["prompt_ids_dropped"] += 1
-        await self._record(event)
+        return event
 
     # -- feedback, models, health -------------------------------------------------------------
 
@@ -738,20 +800,23 @@ class Gateway:
         tenant = self._tenant(request)
         body = await self._body(request)
         if not isinstance(body, dict):
-            raise ApiError(400, f"body must be a JSON object, got {type(body).__name__}")
+            raise ApiError(400, f"Invalid type for the body: expected an object, but got {E.json_kind(body)} instead.",
+                           code=E.INVALID_TYPE)
         kind = body.setdefault("type", "feedback")
         model = schemas.FEEDBACK_BODIES.get(kind) if isinstance(kind, str) else None
         if model is None:
-            raise ApiError(400, f"type must be one of {sorted(schemas.FEEDBACK_BODIES)}, got {str(kind)[:40]!r}",
-                           "type")
+            raise ApiError(400, f"Invalid 'type': must be one of {sorted(schemas.FEEDBACK_BODIES)}, got "
+                                f"{str(kind)[:40]!r}", "type", E.INVALID_VALUE)
         fields = parse(model, body).model_dump(exclude_none=True, exclude={"type"})
         if fields.pop("tenant", tenant) != tenant:
-            raise ApiError(403, "tenant in the body is not this key's tenant (the key decides it)", "tenant")
+            raise ApiError(403, "tenant in the body is not this key's tenant (the key decides it)", "tenant",
+                           E.PERMISSION_DENIED)
         trace_id = fields["trace_id"]
         if not self.owns(tenant, trace_id):
-            raise ApiError(404, f"trace {trace_id[:80]!r} is not one of this tenant's traces", "trace_id")
+            raise ApiError(404, f"trace {trace_id[:80]!r} is not one of this tenant's traces", "trace_id", E.NOT_FOUND)
         if "turn_id" in fields and not self.owns_turn(tenant, trace_id, fields["turn_id"]):
-            raise ApiError(404, f"turn {fields['turn_id'][:80]!r} is not a turn of trace {trace_id[:80]!r}", "turn_id")
+            raise ApiError(404, f"turn {fields['turn_id'][:80]!r} is not a turn of trace {trace_id[:80]!r}", "turn_id",
+                           E.NOT_FOUND)
         fields.setdefault("app", self.gcfg.app)
         fields["user"] = self._user(request, tenant, fields.pop("user", None), trace_id)
         event = self._redact(EVENT_TYPES[kind](tenant=tenant, **fields).to_dict())
@@ -776,8 +841,15 @@ class Gateway:
     async def openapi(self, _request: web.Request) -> web.Response:
         return web.json_response(self._openapi)
 
+    def _public_models(self, tenant: str) -> list[dict[str, Any]]:
+        """The router's model objects with ``version`` the adapter version as an int (4, as every
+        turn's ``adapter_version`` says it), not the store's folder label (``v4``)."""
+        versions = {r.task: int(r.version) for r in self.router.routes() if r.tenant == tenant}
+        return [dict(m, version=versions.get(m["id"], parse_version(m.get("version")))) for m in
+                self.router.public_models(tenant)]
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": self.router.public_models(self._tenant(request))})
+        return web.json_response({"object": "list", "data": self._public_models(self._tenant(request))})
 
     async def model(self, request: web.Request) -> web.Response:
         """``models.retrieve(name)``: ``task`` or ``tenant/task`` of the caller's own tenant."""
@@ -787,10 +859,9 @@ class Gateway:
             _, task = self.router.resolve(tenant, name)
         except UnknownModel:
             task = None
-        found = [m for m in self.router.public_models(tenant) if m["id"] == task]
+        found = [m for m in self._public_models(tenant) if m["id"] == task]
         if not found:
-            raise ApiError(404, f"model {name[:80]!r} does not exist for this API key", "model",
-                           "invalid_request_error", "model_not_found")
+            raise ApiError(404, f"The model {name[:80]!r} does not exist for this API key", "model", E.MODEL_NOT_FOUND)
         return web.json_response(found[0])
 
     # -- admin --------------------------------------------------------------------------------
@@ -813,15 +884,15 @@ class Gateway:
         try:
             result = await asyncio.to_thread(run)
         except operations.Refused as err:
-            raise ApiError(409, f"refused: {err}", "force", kind="deploy_error", code="refused") from None
+            raise ApiError(409, f"refused: {err}", "force", E.CONFLICT, reason="refused") from None
         except operations.NotRegistered as err:
-            raise ApiError(404, str(err), "version", kind="deploy_error", code="not_registered") from None
+            raise ApiError(404, str(err), "version", E.NOT_FOUND, reason="not_registered") from None
         except RegistryError as err:
-            raise ApiError(409, str(err), kind="deploy_error", code=f"{action}_refused") from None
+            raise ApiError(409, str(err), code=E.CONFLICT, reason=f"{action}_refused") from None
         if not result.ok:
             raise ApiError(409, f"{action} {tenant}/{task}: the registry moved ({result.registry.get('reason')}), "
                                 f"but {result.summary()}; the next `deployment` run retries",
-                           kind="deploy_error", code="swap_failed")
+                           code=E.CONFLICT, reason="swap_failed")
         return web.json_response(result.to_dict(), dumps=lambda o: json.dumps(o, default=str))
 
     async def admin_deploy(self, request: web.Request) -> web.Response:
@@ -838,7 +909,7 @@ class Gateway:
             record = await asyncio.to_thread(self.deployer.promote, req.tenant, req.task, req.version,
                                              req.who or "reconcile")
         except DeployError as err:
-            raise ApiError(409, str(err), kind="deploy_error") from None
+            raise ApiError(409, str(err), code=E.CONFLICT, reason="swap_refused") from None
         return web.json_response(record)
 
     async def _canary(self, request: web.Request, model: type, run) -> web.Response:
@@ -848,7 +919,7 @@ class Gateway:
         try:
             record = await asyncio.to_thread(run, body)
         except DeployError as err:
-            raise ApiError(409, str(err), kind="deploy_error", code="canary_refused") from None
+            raise ApiError(409, str(err), code=E.CONFLICT, reason="canary_refused") from None
         return web.json_response(record)
 
     async def admin_canary_start(self, request: web.Request) -> web.Response:
@@ -906,14 +977,14 @@ class Gateway:
         try:
             rec = await asyncio.to_thread(record_consent, self.cfg, body.tenant, user, body.consent, who, body.reason)
         except ConsentError as err:
-            raise ApiError(400, str(err), code="invalid_consent") from None
+            raise ApiError(400, str(err), code=E.INVALID_VALUE, reason="invalid_consent") from None
         return web.json_response(rec.to_dict(), dumps=lambda o: json.dumps(o, default=str))
 
     def _known_tenant(self, tenant: str) -> None:
         """404 for a tenant this deployment does not serve (no key, route or settings of it)."""
         served = {r.tenant for r in self.router.routes()} | set(self.keys.tenants()) | set(self.cfg.targets)
         if tenant not in served:
-            raise ApiError(404, f"no tenant {tenant!r} is served here", "tenant", code="unknown_tenant")
+            raise ApiError(404, f"no tenant {tenant!r} is served here", "tenant", E.NOT_FOUND, reason="unknown_tenant")
 
     async def admin_canaries(self, request: web.Request) -> web.Response:
         self._admin(request)

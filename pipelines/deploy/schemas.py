@@ -11,7 +11,11 @@ never constrained and the recorded logprobs stay the model's own. Assistant mess
 ``tool_calls`` and tool messages answer them. Unknown fields are a 400, not passed through: anything forwarded to vLLM could change the sampling distribution (``logit_bias``,
 ``min_p``, guided decoding, ...) while the recorded ``Sampling`` would not say so, and the
 learner's off-policy correction would silently use the wrong behaviour policy. Add a field here
-(and to ``Sampling`` if it shapes sampling) to serve it. ``n`` is 1: one request, one turn.
+(and to ``Sampling`` if it shapes sampling) to serve it. ``n`` (1 to ``MAX_N``) samples several
+answers to one prompt: each choice is recorded as its own turn (the gateway's ``chat``).
+
+Refusals are 400s in OpenAI's words and codes (``parse``, ``errors.pydantic_error``): ``param``
+names the field, ``code`` is e.g. ``invalid_type``, ``unknown_parameter``, ``missing_required_parameter``.
 
 Feedback, tool calls, session ends: derived from the contract dataclasses in
 ``pipelines.contract.events`` (one definition), minus ``tenant`` (the key decides it), with
@@ -38,7 +42,8 @@ from pipelines.contract.tool_calls import call_prefix, render_assistant_tool_cal
 
 from pipelines.contract.events import EVENT_TYPES, MAX_USER, Event
 from pipelines.contract.validate import user_problem
-from pipelines.deploy.errors import ApiError
+from pipelines.deploy import errors as E
+from pipelines.deploy.errors import CODES, pydantic_error
 
 MAX_ID = 256                 # trace, turn, event and call ids
 MAX_NAME = 128               # model names, app, who, tool names
@@ -46,12 +51,13 @@ MAX_TEXT = 256 * 1024        # one message's content, a feedback text, a tool er
 INT32 = (-(2 ** 31), 2 ** 31 - 1)  # the lake's integer columns
 MAX_TOOLS = 64               # tools per request: each one is prompt text the model must read
 MAX_TOOL_CALLS = 64          # calls in one assistant message of the history
+MAX_N = 16                   # choices per chat request (`n`): each one is a recorded turn
 
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
-Penalty = Annotated[float, Field(ge=-2, le=2)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]  # float bounds: "decimal above maximum value"
 ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule for names
 
 
@@ -247,8 +253,8 @@ class TracerlExtension(Strict):
 class ChatRequest(Strict):
     model: Name
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)]
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1, le=1 << 20)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=1 << 20)] | None = None
@@ -257,7 +263,7 @@ class ChatRequest(Strict):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     return_token_ids: bool | None = None
-    n: Literal[1] | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = None  # each choice is its own recorded turn
     stop: (Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
            | Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]],
                        Field(max_length=4)] | None) = None
@@ -501,12 +507,15 @@ def parse(model: type[M], value: Any) -> M:
     try:
         return model.model_validate(value)
     except PydanticError as err:
-        first = err.errors(include_input=False, include_url=False)[0]
-        unknown = first["type"] == "extra_forbidden"
-        param = _param(first["loc"], keep_last=unknown)
-        more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-        message = f"unknown field {param!r} is not accepted" if unknown else f"{param or 'body'}: {first['msg']}"
-        raise ApiError(400, message + more, param, code=first["type"]) from None
+        errors = [(e, _param(e["loc"], keep_last=e["type"] == "extra_forbidden"))
+                  for e in err.errors(include_url=False)]
+        first, param = errors[0]
+        # a union (``stop``: a string or a list) fails once per member at the same field: the member
+        # whose type matched says what is wrong (a list too long), not the one of another type
+        same = [e for e, p in errors if p == param]
+        first = next((e for e in same if E.pydantic_code(e["type"], e.get("input"), e.get("ctx")) != E.INVALID_TYPE),
+                     first)
+        raise pydantic_error(first, param, len({p for _, p in errors}) - 1) from None
 
 
 def _field_names(models: typing.Iterable[type[BaseModel]]) -> set[str]:
@@ -579,13 +588,17 @@ USER_PARAM = {"name": USER_HEADER, "in": "header", "required": False,
                              "both are sent). Recorded on every event of the request as the tenant's keyed "
                              "pseudonym (u_ + 32 hex), never in clear; no control characters."}
 CHAT_DESCRIPTION = ("The response's `tracerl` block (the first chunk when streaming) carries trace_id, turn_id, "
-                    "adapter_version and train: the effective flag the turn was recorded with (header "
-                    "X-Tracerl-Train or tracerl.train, true when neither is sent).")
+                    "turn_ids, adapter_version and train: the effective flag the turn was recorded with (header "
+                    "X-Tracerl-Train or tracerl.train, true when neither is sent). With `n` > 1 each choice is "
+                    "recorded as its own turn (same trace, same turn index: one group of samples of one prompt) "
+                    "and carries its `turn_id` (streaming: on the first chunk of that choice).")
 # What an app reads back from a chat completion beyond OpenAI's fields (gateway.ECHOED).
 CHAT_COMPLETION = {"type": "object", "description": "OpenAI's chat.completion, plus tracerl's block", "properties": {
     "tracerl": {"type": "object", "required": ["trace_id", "turn_id", "adapter_version"], "properties": {
         "trace_id": {"type": "string", "description": "continue the trace with tracerl.trace_id on the next turn"},
-        "turn_id": {"type": "string", "description": "what feedback and tool calls name"},
+        "turn_id": {"type": "string", "description": "what feedback and tool calls name (choice 0's with n > 1)"},
+        "turn_ids": {"type": "array", "items": {"type": "string"},
+                     "description": "every choice's turn id, in choice order (choices[i].turn_id too)"},
         "adapter_version": {"type": "integer", "minimum": 1,
                             "description": "the adapter version that served the turn, as `tracerl adapters` "
                                            "lists it (3 for v3); the recorded ModelTurn carries the same int"},
@@ -618,8 +631,9 @@ def openapi(version: str = "1") -> dict[str, Any]:
     schemas = defs["$defs"]
     schemas["Error"] = {"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "integer", "null"]}}}}}
+        "properties": {"message": {"type": "string"},
+                       "type": {"type": "string", "enum": ["invalid_request_error", "requests", "server_error"]},
+                       "param": {"type": ["string", "null"]}, "code": {"type": "string", "enum": sorted(CODES)}}}}}
     schemas["ChatCompletion"] = CHAT_COMPLETION
     limit = SwapsQuery.model_json_schema()["properties"]["limit"]
     return {

@@ -263,8 +263,8 @@ def test_admin_deploy_and_rollback_move_the_champion_and_a_reconcile_after_chang
     # a gate-rejected version needs force, like `tracerl deploy`
     promote.set_tags(cfg, "acme", "support", rv[1], {promote.DECISION: "reject", "tracerl.gate.reasons": "worse"})
     status, body = act("deploy", version=1, who="alice", why="try")
-    assert status == 409 and body["error"]["code"] == "refused" and "the gate decided reject: worse" in \
-        body["error"]["message"] and champion() == 3 == live()
+    assert status == 409 and body["error"]["code"] == "conflict" and body["error"]["param"] == "force" and \
+        "the gate decided reject: worse" in body["error"]["message"] and champion() == 3 == live()
 
     status, out = act("rollback", who="bob", why="latency regression")
     assert status == 200 and (out["serving"]["before"], out["serving"]["after"]) == (3, 2)

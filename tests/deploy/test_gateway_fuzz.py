@@ -20,11 +20,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from pipelines.deploy.errors import CODES, INVALID_JSON, OPENAI_CODES
 from tests.deploy.conftest import ADMIN, KEYS
 from tests.deploy.gateway_http import call, is_openai_error
 
 pytestmark = pytest.mark.slow
 EXAMPLES = int(os.environ.get("TRACERL_FUZZ_EXAMPLES", "50"))
+# every 4xx code is one of errors.py's (OpenAI's own, or the few where OpenAI answers null); a 400,
+# a client's mistake in a body, is one of OpenAI's (or invalid_json: not JSON at all)
+CODES_400 = OPENAI_CODES | {INVALID_JSON}
 
 
 def narrowed(doc: dict, trace: dict) -> dict:
@@ -58,6 +62,7 @@ def test_no_route_answers_5xx_to_schema_generated_requests(boundary):
     statuses: dict[str, Counter] = {}
     server_errors: list[str] = []
     bad_format: list[str] = []
+    bad_code: list[str] = []  # a 4xx whose code is not in errors.CODES (OpenAI's, or the gateway's few)
     rejected_before = gw.emitter.stats()["rejected"]
     t0 = time.monotonic()
     operations = [r.ok() for r in schema.get_all_operations()]
@@ -80,9 +85,13 @@ def test_no_route_answers_5xx_to_schema_generated_requests(boundary):
                     if mode is GenerationMode.POSITIVE and os.environ.get("TRACERL_FUZZ_SHOW"):
                         print(case.path, str(case.body)[:200], resp.text[:200])
                     try:
-                        ok = is_openai_error(resp.json())
+                        body = resp.json()
+                        ok = is_openai_error(body)
                     except ValueError:
                         ok = False
+                    if ok and (body["error"]["code"] not in (CODES_400 if resp.status_code == 400 else CODES)
+                               or body["error"]["type"] not in ("invalid_request_error", "requests")):
+                        bad_code.append(f"{case.method} {case.path} -> {resp.status_code} {resp.text[:200]}")
                     if not ok:
                         bad_format.append(f"{case.method} {case.path} -> {resp.status_code} {resp.text[:200]}")
 
@@ -98,6 +107,7 @@ def test_no_route_answers_5xx_to_schema_generated_requests(boundary):
         print(f"  {name}: {dict(sorted(c.items()))}")
     assert not server_errors, "\n".join(server_errors[:20])
     assert not bad_format, "\n".join(bad_format[:20])
+    assert not bad_code, "\n".join(bad_code[:20])
     # the positive chat examples reached vLLM and were recorded; nothing accepted was dropped
     assert statuses["POST /v1/chat/completions positive"][200] > 0
     assert gw.emitter.stats()["rejected"] == rejected_before

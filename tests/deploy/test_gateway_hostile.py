@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.deploy.errors import CODES
 from tests.deploy.conftest import ADMIN, KEYS
 from tests.deploy.gateway_http import call, is_openai_error
 from tests.deploy.test_emitter import wait_for
@@ -62,7 +63,9 @@ CHAT_CASES = [
     ("temperature out of range", chat_body(temperature=7), 400, "temperature"),
     ("stream as a string", chat_body(stream="yes"), 400, "stream"),
     ("logprobs as 1", chat_body(logprobs=1), 400, "logprobs"),
-    ("n of 2", chat_body(n=2), 400, "n"),
+    ("n over its bound", chat_body(n=10_000), 400, "n"),
+    ("n of 0", chat_body(n=0), 400, "n"),
+    ("n as a float", chat_body(n=2.0), 400, "n"),
     ("unknown field", chat_body(logit_bias={"1": 100}), 400, "logit_bias"),
     ("tracerl a string", chat_body(tracerl="x"), 400, "tracerl"),
     ("tracerl a list", chat_body(tracerl=[1]), 400, "tracerl"),
@@ -193,8 +196,10 @@ ADMIN_CASES = [
 
 
 def check(case: str, status: int, body, want_status: int, want_param: str | None) -> str | None:
-    """A failure description, or None when the answer is the expected 4xx naming the field."""
-    if status != want_status or not is_openai_error(body) or \
+    """A failure description, or None when the answer is the expected 4xx naming the field, in
+    OpenAI's vocabulary (``type: invalid_request_error``, a ``code`` of ``errors.CODES``)."""
+    if status != want_status or not is_openai_error(body) or body["error"]["code"] not in CODES or \
+            body["error"]["type"] != "invalid_request_error" or \
             (want_param is not None and body["error"]["param"] != want_param):
         return f"{case}: got {status} {str(body)[:300]}, want {want_status} param={want_param}"
     return None

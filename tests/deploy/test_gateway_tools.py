@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pipelines.contract.tool_calls import call_prefix, parse_tool_calls, tools_system_prompt, with_tools
 from pipelines.deploy import schemas
+from pipelines.deploy import errors as E
 from pipelines.deploy.errors import ApiError
 from pipelines.deploy.gateway import Gateway, tool_reply
 from pipelines.deploy.service import GatewayClient
@@ -46,7 +47,7 @@ def body(**fields):
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None),
     ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type", None),
     ({"tools": [{"type": "function", "function": {"name": "x", "strict": True}}]}, "tools[0].function.strict",
-     "extra_forbidden"),
+     "unknown_parameter"),
     ({"tools": [WEATHER] * 65}, "tools", None),
     ({"tools": [WEATHER, WEATHER]}, "tools", "duplicate_tool"),
     ({"tool_choice": "required"}, "tool_choice", "tool_choice_without_tools"),
@@ -70,10 +71,16 @@ def body(**fields):
      "messages[0].tool_calls", "tool_calls_role"),
 ])
 def test_bad_tools_are_a_400_naming_the_field(fields, param, code):
+    """``code`` is the finer reason (our validators' kinds, pydantic's); the answer's code is OpenAI's."""
     with pytest.raises(ApiError) as err:
         schemas.parse(schemas.ChatRequest, body(**fields))
     assert err.value.status == 400 and err.value.param == param and param in err.value.message
-    assert code is None or err.value.code == code
+    assert err.value.code in E.OPENAI_CODES
+    assert code is None or code in (err.value.reason, err.value.code)
+    if err.value.reason == "missing":
+        assert err.value.code == E.MISSING_REQUIRED_PARAMETER
+    elif code not in (None, "unknown_parameter"):  # our own validators: the value is wrong
+        assert err.value.code == E.INVALID_VALUE
 
 
 _CHOICES = ("auto", "none", "required")
@@ -100,7 +107,8 @@ def test_any_tool_choice_is_served_as_openai_means_it_or_a_400_naming_it(choice,
         req = schemas.parse(schemas.ChatRequest, body(**fields))
     except ApiError as err:
         assert not ok and err.status == 400, choice
-        assert err.param == "tool_choice" and err.message.startswith("tool_choice: ")
+        assert err.param == "tool_choice" and err.message.startswith(("Invalid 'tool_choice': ",
+                                                                       "Invalid type for 'tool_choice'"))
         return
     assert ok, choice
     up = req.upstream()
@@ -149,16 +157,31 @@ def test_held_stream_chunks_carry_the_calls_whole():
     req = schemas.parse(schemas.ChatRequest, body(tools=[WEATHER], stream=True))
     turn = {"trace_id": "t", "turn_id": "u", "adapter_version": 1, "train": True}
     text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
-    chunks = Gateway._held_chunks({"id": "x", "object": "chat.completion.chunk", "created": 1}, text, "stop",
-                                  [], [1, 2], None, turn, req, {"logprobs": False, "token_ids": False})
+    no = {"logprobs": False, "token_ids": False}
+    chunks = Gateway._held_chunks({"id": "x", "object": "chat.completion.chunk", "created": 1}, [text], ["stop"],
+                                  [[]], [[1, 2]], None, [turn], req, no)
     echoed = chunks[0]["tracerl"]                 # the turn's ids (and whatever else the gateway echoes)
-    assert echoed["turn_id"] == "u" and echoed == {k: turn[k] for k in echoed}
+    assert echoed["turn_id"] == "u" and echoed["turn_ids"] == ["u"]
+    assert {k: v for k, v in echoed.items() if k != "turn_ids"} == {k: turn[k] for k in echoed if k != "turn_ids"}
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert chunks[0]["choices"][0]["turn_id"] == "u"
     call0 = chunks[1]["choices"][0]["delta"]["tool_calls"][0]
     assert call0["index"] == 0 and json.loads(call0["function"]["arguments"]) == {"city": "Oslo"}
+    assert call0["id"].endswith("_u")             # the call names the turn (choice) that made it
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    plain = Gateway._held_chunks({}, "Hi.", "length", [], [], None, turn, req, {"logprobs": False, "token_ids": False})
+    plain = Gateway._held_chunks({}, ["Hi."], ["length"], [[]], [[]], None, [turn], req, no)
     assert plain[0]["choices"][0]["delta"]["content"] == "Hi." and plain[-1]["choices"][0]["finish_reason"] == "length"
+    # n = 2: each choice's chunks carry its index, its turn id on its first chunk, its calls naming its turn
+    two = Gateway._held_chunks({}, [text, "Hi."], ["stop", "length"], [[], []], [[], []], None,
+                               [turn, dict(turn, turn_id="w")], req, no)
+    assert "tracerl" in two[0] and all("tracerl" not in c for c in two[1:])
+    assert two[0]["tracerl"]["turn_ids"] == ["u", "w"]
+    by_index = {}
+    for c in two:
+        by_index.setdefault(c["choices"][0]["index"], []).append(c["choices"][0])
+    assert [c["turn_id"] for c in (by_index[0][0], by_index[1][0])] == ["u", "w"]
+    assert by_index[0][-1]["finish_reason"] == "tool_calls" and by_index[1][-1]["finish_reason"] == "length"
+    assert by_index[1][0]["delta"]["content"] == "Hi."
 
 
 # -- the served path: tiny vLLM, real Kafka -------------------------------------------------------

@@ -74,10 +74,12 @@ def test_tools_pass_through_and_a_forced_call_comes_back_as_a_call_or_its_text(c
         assert msg.content.startswith('<tool_call>[{"name": "get_weather", "arguments":')
 
 
-def test_n_above_one_is_a_400_naming_n(client):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="support", messages=HELLO, max_tokens=4, n=2)
-    assert e.value.status_code == 400 and e.value.body["param"] == "n"
+def test_n_choices_each_carry_their_turn_and_n_above_the_bound_is_a_400_naming_n(client):
+    r = client.chat.completions.create(model="support", messages=HELLO, max_tokens=4, n=2)
+    assert len(r.choices) == 2 and r.model_extra["tracerl"]["turn_ids"] == [c.model_extra["turn_id"] for c in r.choices]
+    with pytest.raises(openai.BadRequestError) as e:  # more in test_gateway_openai.py
+        client.chat.completions.create(model="support", messages=HELLO, max_tokens=4, n=10_000)
+    assert e.value.status_code == 400 and e.value.body["param"] == "n" and e.value.code == "integer_above_max_value"
 
 
 def test_errors_are_the_sdk_s_typed_exceptions_with_openai_bodies(boundary, client):
