@@ -22,6 +22,7 @@ from typing import Any, Callable
 import dagster as dg
 
 from assets.driver import LoopRun, dagster_instance, run_iteration
+from assets.gate import primary_eval
 from assets.resources import TracerlResource
 from pipelines import stack
 from pipelines.adapters.version import label
@@ -49,7 +50,7 @@ def iteration_report(i: int, champion_before: int, stats: Any, traffic_s: float,
         r.train_metrics = {k: run.candidate[k] for k in TRAIN_METRICS if k in run.candidate}
     if run.promotion:
         r.reasons = run.reasons
-        r.eval_candidate, r.eval_champion = run.promotion.get("eval_candidate"), run.promotion.get("eval_champion")
+        r.eval_candidate, r.eval_champion = primary_eval(run.promotion)
     elif run.error:
         r.reasons = [run.error]
     elif run.skip_reason:
@@ -123,6 +124,22 @@ def demo_iteration(cfg: TracerlConfig, resource: TracerlResource, lc: LoopConfig
     return r
 
 
+def champion_samples(cfg: TracerlConfig, lc: LoopConfig, first: int) -> str:
+    """The report's sample replies: the first and the last champion on a few held-out prompts
+    (vLLM directly, under measurement-only names: nothing recorded as traffic)."""
+    from pipelines.adapters import registry
+    from pipelines.adapters.store import AdapterStore
+    from pipelines.deploy.vllm_server import read_state
+    from pipelines.loop.heldout import format_samples, sample_replies
+
+    last = registry.adapter_for_alias(cfg, lc.tenant, lc.task, registry.CHAMPION) or first
+    store = AdapterStore(cfg.adapter_root)
+    adapters = {f"{label(v)} ({which})": store.get(lc.tenant, lc.task, v).path
+                for v, which in ((first, "first"), (last, "last")) if v and (which == "first" or v != first)}
+    return format_samples(sample_replies(read_state(cfg.home).base_url, adapters, lc.preference(),
+                                         max_tokens=lc.traffic.max_tokens))
+
+
 def run_demo(cfg: TracerlConfig, lc: LoopConfig, *, resource: TracerlResource | None = None, fresh: bool = False,
              stop_after: bool = True, instance: dg.DagsterInstance | None = None) -> dict:
     """Run the loop end to end; returns the figures `bench/loop.py` prints.
@@ -168,6 +185,8 @@ def run_demo(cfg: TracerlConfig, lc: LoopConfig, *, resource: TracerlResource | 
                          lc.preference(), progress=lambda d, n: bar("traffic", d, n))
         final_version = max(final.versions, key=final.versions.get) if final.versions else None
         text = format_report(reports, final.reward, final_version)
+        if reports:
+            text += "\n\n" + champion_samples(cfg, lc, reports[0].champion_before)
         plots = plot(reports, final.reward, cfg.home / "reports")
         run_id = log_to_mlflow(cfg, reports, text, plots, {"loop": asdict(lc), "train": cfg.train.to_dict(),
                                                            "gate": cfg.gate.to_dict()}, final.reward)
@@ -178,7 +197,7 @@ def run_demo(cfg: TracerlConfig, lc: LoopConfig, *, resource: TracerlResource | 
         print(f"See it: `make dagster` (http://127.0.0.1:3000: job closed_loop_job, partition "
               f"{lc.tenant}/{lc.task}, one run per iteration), and `make up` for MLflow http://127.0.0.1:5000 "
               f"(model {lc.tenant}.{lc.task}, alias champion)")
-        return {"reports": reports, "final_reward": final.reward, "setup_s": setup_s,
+        return {"reports": reports, "final_reward": final.reward, "setup_s": setup_s, "report": text,
                 "total_s": time.monotonic() - t_start}
     finally:
         if stop_after:

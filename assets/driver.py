@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import dagster as dg
 
+from assets.gate import primary_eval
 from assets.loop import LOOP_JOB, active_run
 from assets.pools import ensure_pool_limits
 from assets.resources import TracerlResource
@@ -236,9 +237,10 @@ def describe(run: LoopRun, cfg: TracerlConfig) -> list[str]:
     p = run.promotion
     if p:
         lines.append(f"  gate:      {p['outcome']}: {'; '.join(p.get('reasons') or [])}")
-        if p.get("eval_candidate") is not None:
-            lines.append(f"  eval:      candidate {p['eval_candidate']:.3f}, champion {p.get('eval_champion', float('nan')):.3f}"
-                         " (primary suite)")
+        cand, champ = primary_eval(p)
+        if cand is not None:
+            lines.append(f"  eval:      candidate {cand:.3f}, champion "
+                         f"{champ if champ is not None else float('nan'):.3f} (primary suite)")
     if run.error:
         lines.append(f"  failed:    {run.error}")
     live = Router(cfg.routes_path).live(tenant, task)  # the gateway's own record

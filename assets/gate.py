@@ -50,21 +50,47 @@ def gate_one(cfg: TracerlConfig, tenant: str, task: str, registry_version: str) 
     return d
 
 
+def sig(x: float, digits: int = 4) -> float:
+    """``x`` to ``digits`` significant digits (what metadata shows: 0.6667, not 0.6666666666666666)."""
+    return float(f"{x:.{digits}g}")
+
+
+def rounded(value):
+    """Floats in ``value`` (nested dicts and lists too) to 4 significant digits; NaN and infinities as None."""
+    import math
+
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, float):
+        return sig(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v) for v in value]
+    return value
+
+
 def eval_metadata(decision: dict) -> dict[str, dg.MetadataValue]:
-    """One number per suite and side (plotted across the partition's runs), and the primary suite's
-    candidate/champion scores as `eval_candidate`/`eval_champion`."""
+    """One number per suite and side, `eval.<suite>.candidate|champion|delta` (the UI plots each
+    across the partition's runs), and `primary_suite`: which of them decided (`primary_eval`)."""
     out: dict[str, dg.MetadataValue] = {}
     suites = decision.get("suites") or {}
     for suite, f in suites.items():
         for side in ("candidate", "champion", "delta"):
             if isinstance(f.get(side), (int, float)):
-                out[f"eval.{suite}.{side}"] = dg.MetadataValue.float(float(f[side]))
-    primary = next((f for f in suites.values() if f.get("role") == "primary"), None)
+                out[f"eval.{suite}.{side}"] = dg.MetadataValue.float(sig(float(f[side])))
+    primary = next((name for name, f in suites.items() if f.get("role") == "primary"), None)
     if primary is not None:
-        for side in ("candidate", "champion"):
-            if isinstance(primary.get(side), (int, float)):
-                out[f"eval_{side}"] = dg.MetadataValue.float(float(primary[side]))
+        out["primary_suite"] = dg.MetadataValue.text(primary)
     return out
+
+
+def primary_eval(metadata: dict) -> tuple[float | None, float | None]:
+    """(candidate, champion) score of the primary suite from `promotion`'s metadata values."""
+    suite = metadata.get("primary_suite")
+    if not suite:
+        return None, None
+    return metadata.get(f"eval.{suite}.candidate"), metadata.get(f"eval.{suite}.champion")
 
 
 @dg.asset(
@@ -108,19 +134,18 @@ def promotion(context: dg.AssetExecutionContext, lake: LakeResource, mlflow: Mlf
         "candidate_adapter_version": int(candidate["adapter_version"]),
         "candidate_registry_version": rv,
         "model_version": mlflow.model_version_url(tenant, task, rv),
-        "promoted": float(outcome == "promote"),
+        "promoted": outcome == "promote",
         "canary": bool(d.get("canary")),  # passed, and entered the canary (canary.enabled) instead
-        "offpolicy": dg.MetadataValue.json(d.get("offpolicy") or {}),
+        "offpolicy": dg.MetadataValue.json(rounded(d.get("offpolicy") or {})),
         "champion_adapter_version": champion["adapter_version"] if champion else dg.MetadataValue.null(),
         "champion_registry_version": champion["registry_version"] if champion else "",
-        "suites": dg.MetadataValue.json(d.get("suites") or {}),
-        "signatures": dg.MetadataValue.json(d.get("signatures") or {}),
-        "warnings": dg.MetadataValue.json(d.get("warnings") or []),
+        "suites": dg.MetadataValue.json(rounded(d.get("suites") or {})),
+        "signatures": dg.MetadataValue.json(rounded(d.get("signatures") or {})),
         "baseline": str(d.get("baseline") or ""),
         "eval_items": d.get("items") or 0,
-        "gate_seconds": round(float(d.get("seconds") or 0.0), 2),
+        "gate_seconds": sig(float(d.get("seconds") or 0.0)),
         # what the learner's learned reward predicted beside what the private evals measured (#41)
-        **{k: dg.MetadataValue.float(float(d[k])) if isinstance(d.get(k), (int, float)) else dg.MetadataValue.null()
+        **{k: dg.MetadataValue.float(sig(float(d[k]))) if isinstance(d.get(k), (int, float)) else dg.MetadataValue.null()
            for k in ("predicted_gain", "measured_gain")},
         **eval_metadata(d),
     }

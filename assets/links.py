@@ -1,5 +1,6 @@
 """Links from Dagster metadata into the MLflow UI: the run that trained or gated a candidate,
-and the model version it became, one click from the asset's materialization."""
+and the model version it became, one click from the asset's materialization. Experiment and run
+links open in the UI's Model training view (pipelines/tracking.py: `runs_url`, `run_path`)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ def model_version_url(cfg: TracerlConfig, tenant: str, task: str, version: str |
 
 
 def run_url(cfg: TracerlConfig, run_id: str) -> dg.MetadataValue:
-    """An MLflow run, by id (the UI finds its experiment from the run)."""
-    from pipelines.tracking import client
+    """An MLflow run's page, by id, in the UI's Model training view (`tracking.run_path`)."""
+    from pipelines.tracking import client, run_path
 
     try:
         experiment = client(cfg).get_run(run_id).info.experiment_id
-    except Exception:  # noqa: BLE001 - a link is a convenience; the id is in the metadata too
+    except Exception:  # noqa: BLE001 - a link is a convenience; the id is in the link too
         experiment = "0"
-    return dg.MetadataValue.url(f"{mlflow_ui(cfg)}/#/experiments/{experiment}/runs/{run_id}")
+    return dg.MetadataValue.url(f"{mlflow_ui(cfg)}/{run_path(experiment, run_id)}")

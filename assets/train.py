@@ -17,6 +17,7 @@ import dagster as dg
 
 from assets.pools import LANE_TAG, LEARNER_LANE, LEARNER_POOL
 from assets.resources import LakeResource, MlflowResource
+from assets.gate import rounded, sig
 from assets.targets import CANDIDATE_TAG, OUTCOME_TAG, REASON_TAG, parse_target, tag_run, targets
 from pipelines.adapters.version import label
 from pipelines.train.run import run_learner
@@ -67,41 +68,42 @@ def candidate_adapter(context: dg.AssetExecutionContext, lake: LakeResource, mlf
         context.log.info(f"{tenant}/{task}: no candidate: {r.reason}")
         tag_run(context, {OUTCOME_TAG: NO_CANDIDATE, REASON_TAG: r.reason})
         return
+    trained, dropped = r.metrics.get("trained_turns"), r.metrics.get("dropped_turns", 0)
+    counted = "" if trained is None else f" ({trained} trained, {dropped} dropped)"
     context.log.info(f"{tenant}/{task}: v{r.adapter_version} from "
                      f"{'v' + str(r.parent_version) if r.parent_version else 'the base model'} on {r.new_turns} "
-                     f"new + {r.replayed_turns} replayed turns (registry version {r.registry_version})")
+                     f"new + {r.replayed_turns} replayed turns{counted} (registry version {r.registry_version})")
     tag_run(context, {CANDIDATE_TAG: label(r.adapter_version)})
     metadata = {
         "adapter_version": r.adapter_version,
         "parent_version": r.parent_version if r.parent_version is not None else dg.MetadataValue.null(),
         "registry_version": str(r.registry_version),
         "model_version": mlflow.model_version_url(tenant, task, r.registry_version),
-        "mlflow_run": mlflow.run_url(r.mlflow_run_id),
-        "mlflow_run_id": r.mlflow_run_id,
+        "mlflow_run": mlflow.run_url(r.mlflow_run_id),  # the run id is in the link
+        # turns + replayed_turns = trained_turns + dropped_turns (why: the version's description)
         "turns": r.new_turns,
         "replayed_turns": r.replayed_turns,
+        **({} if trained is None else {"trained_turns": trained, "dropped_turns": dropped}),
         "excluded_eval_turns": r.excluded_eval_turns,
         "branch_base": r.branch_base if r.branch_base is not None else dg.MetadataValue.null(),
         "branch_depth": r.branch_depth,
         "reset_reason": r.reset_reason or "",
-        # the new turns by where their label came from (learner.reward_model: the model's)
+        # the new turns by where their label came from ("model": the reward model's, learner.reward_model)
         "labelled_turns": r.metrics.get("labelled_turns", r.new_turns),
-        "model_labelled_turns": r.metrics.get("model_labelled_turns", 0),
         "turns_by_source": dg.MetadataValue.json({k.removeprefix("turns."): v for k, v in r.metrics.items()
                                                   if k.startswith("turns.")}),
-        "coverage": dg.MetadataValue.float(float(r.metrics.get("coverage", 0.0))),  # of the new settled turns
+        "coverage": dg.MetadataValue.float(sig(float(r.metrics.get("coverage", 0.0)))),  # of the new settled turns
     }
     for signal in ("reward_model", "judge"):  # each learned signal's worth on held-out votes, and its verdict
         if f"{signal}.reason" in r.metrics:
-            metadata[signal] = dg.MetadataValue.json(
-                {k.removeprefix(f"{signal}."): round(v, 4) if isinstance(v, float) else v
-                 for k, v in r.metrics.items() if k.startswith(f"{signal}.")})
+            metadata[signal] = dg.MetadataValue.json(rounded(
+                {k.removeprefix(f"{signal}."): v for k, v in r.metrics.items() if k.startswith(f"{signal}.")}))
     reward = new_turns_reward(lake, tenant, task, r.adapter_version)
     if reward is not None:
-        metadata["new_turns_reward"] = dg.MetadataValue.float(reward)
+        metadata["new_turns_reward"] = dg.MetadataValue.float(sig(reward))
     for k in _NUMERIC:
         if isinstance(r.metrics.get(k), (int, float)):
-            metadata[k] = dg.MetadataValue.float(float(r.metrics[k]))
+            metadata[k] = dg.MetadataValue.float(sig(float(r.metrics[k])))
     yield dg.MaterializeResult(metadata=metadata)
 
 

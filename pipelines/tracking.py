@@ -17,15 +17,26 @@ from pipelines.durable import file_lock
 TRACKING_ENV = "MLFLOW_TRACKING_URI"
 # tracerl's runs are model training (learner, gate, canary), not GenAI traces: production turns live
 # in the lake. MLflow 3's UI opens an experiment on its GenAI overview ("Traces 0") unless told: the
-# tag says the kind (what releases that read it go by), and MLflow 3.17's UI, which follows a global
-# GenAI / Model training switch instead, opens on the runs from `runs_url` (?workflowType=...).
+# tag says the kind (`mlflow.experimentKind`, one of the UI's ExperimentKind values; releases that
+# read it go by it), and MLflow 3.17's UI, which follows a global GenAI / Model training switch
+# (browser local storage) unless the URL names one, opens on the runs from `runs_url` and keeps run
+# pages in the Model training view from `run_path` (`?workflowType=machine_learning`; the UI carries
+# the parameter on to the pages it links).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 MODEL_TRAINING = "workflowType=machine_learning"
+SUPPRESS_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"  # mlflow.environment_variables
 
 
 def runs_url(cfg: TracerlConfig, ui: str) -> str:
     """The experiment's runs table in the MLflow UI at ``ui`` (what tracerl prints and links)."""
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id(cfg)}?{MODEL_TRAINING}"
+
+
+def run_path(experiment: str, run_id: str, artifact: str | None = None) -> str:
+    """A run's page (or one of its artifacts) as the UI's hash route, relative to the UI: what a
+    Markdown link in a description uses as is, and a full link prefixes with the UI's URL."""
+    tail = f"/artifacts/{artifact}" if artifact else ""
+    return f"#/experiments/{experiment}/runs/{run_id}{tail}?{MODEL_TRAINING}"
 
 
 def use_store(uri: str) -> None:
@@ -115,12 +126,27 @@ def run(cfg: TracerlConfig, name: str, tags: dict[str, str], params: dict[str, A
     if started is not None:
         run_id = c.create_run(exp, start_time=int(min(started, time.time()) * 1000), tags=tags,
                               run_name=name).info.run_id
-    with mlflow.start_run(run_id=run_id, experiment_id=exp, run_name=None if run_id else name,
-                          tags=None if run_id else tags) as r:
-        flat = flatten(params)
-        for i in range(0, len(flat), 100):  # MLflow caps a batch at 100 params
-            mlflow.log_params(dict(list(flat.items())[i:i + 100]))
-        yield r
+    # an MLflow server's client prints "View experiment at: <bare experiment link>" as a run ends,
+    # which opens the GenAI overview: printed here instead, with links to the runs (`run_path`)
+    quiet = os.environ.get(SUPPRESS_URL)
+    os.environ[SUPPRESS_URL] = "true"
+    try:
+        with mlflow.start_run(run_id=run_id, experiment_id=exp, run_name=None if run_id else name,
+                              tags=None if run_id else tags) as r:
+            flat = flatten(params)
+            for i in range(0, len(flat), 100):  # MLflow caps a batch at 100 params
+                mlflow.log_params(dict(list(flat.items())[i:i + 100]))
+            yield r
+    finally:
+        if quiet is None:
+            os.environ.pop(SUPPRESS_URL, None)
+        else:
+            os.environ[SUPPRESS_URL] = quiet
+    ui = cfg.mlflow.tracking_uri or ""
+    if ui.startswith(("http://", "https://")) and quiet is None:
+        ui = ui.rstrip("/")
+        print(f"MLflow run {r.info.run_name or name}: {ui}/{run_path(exp, r.info.run_id)} "
+              f"(the experiment's runs: {ui}/#/experiments/{exp}?{MODEL_TRAINING})", flush=True)
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:

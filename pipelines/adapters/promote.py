@@ -9,9 +9,9 @@ which records who moved it and why.
 
 Version tags the gate writes (MLflow UI, "Model versions"): ``tracerl.gate.decision``
 (promote | reject | hold), ``tracerl.gate.status`` (awaiting_approval | promoted | rejected |
-rolled_back), ``tracerl.gate.reasons``, ``tracerl.gate.run_id``, ``tracerl.gate.baseline``
-(registry version compared against, or "base"), and per suite ``eval.<suite>.{candidate,
-champion,delta,low,p_gain,n,items}`` (aggregates and a fingerprint of item hashes only).
+rolled_back), ``tracerl.gate.reasons``, ``tracerl.gate.run_id`` (and, where they apply,
+``tracerl.gate.contamination``, ``tracerl.gate.blocked_by``): the tags people search; the
+per-suite figures are the gate run's metrics and its description (pipelines/gate/review.py).
 Aliases: ``challenger`` = passed and under review, or serving a canary (pipelines/canary/run.py);
 ``champion`` = what serves. The champion's
 ``tracerl.previous_champion`` tag is what rollback moves back to; ``tracerl.champion_reason``

@@ -21,6 +21,12 @@ CHALLENGER = "challenger"
 # version tag: the forget requests (comma-separated ids) of users this version trained on, itself or
 # through an ancestor (pipelines/rights/forget.py; the adapter store's mark `store.FORGOTTEN` says the same)
 FORGOTTEN_TAG = "tracerl.trained_on_forgotten_user"
+# the version tags a registration keeps: what people search the registry by (tags.`<key>` = '...')
+# and what code reads; the learner's numbers are its run's metrics and the description's "Learner"
+# section. The gate adds its few (pipelines/gate/review.py GATE_TAGS), alias moves theirs (promote.py).
+VERSION_TAGS = ("tenant", "task", "adapter_version", "parent_version", "base_model", "base_model_hash",
+                "reward_spec_version", "tracerl.branch.base", "tracerl.branch.depth", "tracerl.branch.parent",
+                "tracerl.branch.reset_reason")
 
 
 def model_name(tenant: str, task: str) -> str:
@@ -29,7 +35,8 @@ def model_name(tenant: str, task: str) -> str:
 
 def register_candidate(cfg: TracerlConfig, tenant: str, task: str, run_id: str, adapter_version: int,
                        tags: dict[str, Any]) -> str:
-    """Register the run's adapter artifact as a new model version; returns the version number."""
+    """Register the run's adapter artifact as a new model version; returns the version number.
+    Of ``tags``, only ``VERSION_TAGS`` go on the version (the run keeps the rest)."""
     from mlflow.exceptions import MlflowException
 
     c = client(cfg)
@@ -41,7 +48,8 @@ def register_candidate(cfg: TracerlConfig, tenant: str, task: str, run_id: str, 
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
             raise
     mv = c.create_model_version(name, source=f"runs:/{run_id}/adapter", run_id=run_id,
-                                tags={"adapter_version": str(adapter_version), **{k: str(v) for k, v in tags.items()}})
+                                tags={"adapter_version": str(adapter_version),
+                                      **{k: str(v) for k, v in tags.items() if k in VERSION_TAGS}})
     return mv.version
 
 
@@ -75,8 +83,15 @@ def describe(cfg: TracerlConfig, tenant: str, task: str, registry_version: str, 
 
 def run_link(cfg: TracerlConfig, run_id: str, label: str) -> str:
     """A Markdown link to a run, relative to the MLflow UI the registry page is served from."""
+    from pipelines.tracking import run_path
+
     r = client(cfg).get_run(run_id)
-    return f"[{label}](#/experiments/{r.info.experiment_id}/runs/{run_id})"
+    return f"[{label}]({run_path(r.info.experiment_id, run_id)})"
+
+
+def version_link(tenant: str, task: str, registry_version: str, label: str) -> str:
+    """A Markdown link to a model version's page, relative to the MLflow UI (for run descriptions)."""
+    return f"[{label}](#/models/{model_name(tenant, task)}/versions/{registry_version})"
 
 
 def version_for_adapter(cfg: TracerlConfig, tenant: str, task: str, adapter_version: int) -> Any | None:

@@ -7,10 +7,12 @@
       -> decision with reasons
       -> with canary.enabled, on a pass: the off-policy estimate on the held-back slice
          (live_estimate.py); significantly worse than the champion = reject, else the canary
-      -> MLflow run (aggregates, hashed item ids, plot) + version tags + aliases
+      -> MLflow run (aggregates, hashed item ids, plot; its description: the decision, reasons and
+         per-suite table, review.py) + the version's searchable tags and "Gate" section + aliases
 
-Nothing in clear text leaves: MLflow gets means, bounds, p-values, counts, item hashes and
-suite fingerprints; never prompts, references or replies.
+Nothing of the evals in clear text leaves: MLflow gets means, bounds, p-values, counts, item hashes
+and suite fingerprints; never their prompts, references or replies. The side-by-side table holds
+recent real prompts and both models' replies to them (side_by_side.py), for a person to read.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from pipelines.adapters import promote as reg
-from pipelines.adapters.registry import CHAMPION, describe, model_name, run_link
+from pipelines.adapters.registry import CHAMPION, describe, model_name, run_link, version_link
 from pipelines.adapters.version import label, tag_version
 from pipelines.config import GateConfig, TracerlConfig, gate_config
 from pipelines.evals.contamination import ContaminationError, find_contamination, hashes_of, trained_prompts
@@ -266,12 +268,14 @@ def _evaluate(backend: Backend, cand: str, champ: str, suite: Suite, gate: GateC
 
 def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: list, scores: dict,
             started: float) -> None:
-    """One MLflow run (started when the gate did) + version tags and the version's "Gate" section:
-    aggregates and item hashes only."""
+    """One MLflow run (started when the gate did; its description says the decision, pipelines/gate/
+    review.py) + the version's few searchable tags and its "Gate" section: aggregates and item
+    hashes only, but for the side-by-side table of recent real prompts."""
     import mlflow
     import numpy as np
 
     from pipelines import tracking
+    from pipelines.gate import review
     from pipelines.gate.plots import log_history_plot
 
     d = result.decision
@@ -280,12 +284,7 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
     vs = f"v{result.baseline}" if result.baseline != "base" else "base"
     with tracking.run(cfg, f"gate {result.tenant}/{result.task} v{result.registry_version} vs {vs}", tags=tags,
                       params={"gate": gate.to_dict()}, started=started) as run:
-        result.run_id = run.info.run_id
-        vtags: dict[str, Any] = {reg.DECISION: d.outcome, "tracerl.gate.reasons": " | ".join(d.reasons),
-                                 "tracerl.gate.run_id": run.info.run_id, "tracerl.gate.baseline": result.baseline}
-        if result.contamination:
-            vtags["tracerl.gate.contamination"] = ",".join(result.contamination)
-        by_name = {s.name: s for s in suites}
+        result.run_id = run_id = run.info.run_id
         for v in d.verdicts:
             st = v.stats
             mlflow.log_metrics({f"{v.suite}.candidate": st.candidate_mean, f"{v.suite}.champion": st.champion_mean,
@@ -294,29 +293,12 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
                                 f"{v.suite}.n": st.n, f"{v.suite}.passed": float(v.passed),
                                 f"{v.suite}.mde": v.mde, f"{v.suite}.mde_observed": v.mde_observed,
                                 f"{v.suite}.samples": v.samples, f"{v.suite}.looks": float(len(v.looks) or 1)})
-            vtags.update({f"eval.{v.suite}.candidate": f"{st.candidate_mean:.4f}",
-                          f"eval.{v.suite}.champion": f"{st.champion_mean:.4f}",
-                          f"eval.{v.suite}.delta": f"{st.delta:+.4f}", f"eval.{v.suite}.low": f"{st.low:+.4f}",
-                          f"eval.{v.suite}.p_gain": f"{st.p_gain:.4f}", f"eval.{v.suite}.n": st.n,
-                          f"eval.{v.suite}.role": v.role, f"eval.{v.suite}.passed": v.passed,
-                          f"eval.{v.suite}.items": by_name[v.suite].fingerprint[:16],
-                          f"eval.{v.suite}.mde": f"{v.mde:.4f}", f"eval.{v.suite}.mde_observed": f"{v.mde_observed:.4f}",
-                          f"eval.{v.suite}.samples": v.samples, f"eval.{v.suite}.looks": len(v.looks) or 1})
         for sg in d.signatures:
             mlflow.log_metrics({f"signature.{sg.name}.candidate": sg.candidate,
                                 f"signature.{sg.name}.champion": sg.champion,
                                 f"signature.{sg.name}.blocked": float(sg.blocked)})
-            vtags.update({f"signature.{sg.name}.candidate": f"{sg.candidate:.4f}",
-                          f"signature.{sg.name}.champion": f"{sg.champion:.4f}",
-                          f"signature.{sg.name}.blocked": sg.blocked})
-        if d.warnings:
-            vtags["tracerl.gate.warnings"] = " | ".join(d.warnings)
         if result.offpolicy is not None:
             op = result.offpolicy
-            vtags.update({"tracerl.offpolicy.verdict": op.verdict, "tracerl.offpolicy.reason": op.reason,
-                          "tracerl.offpolicy.estimate": f"{op.estimate.value:.4f} ± {op.estimate.se:.4f}",
-                          "tracerl.offpolicy.champion": f"{op.champion_value:.4f}",
-                          "tracerl.offpolicy.ess": f"{op.estimate.ess:.1f} of {op.estimate.n}"})
             mlflow.log_metrics({k: float(x) for k, x in (
                 ("offpolicy.estimate", op.estimate.value), ("offpolicy.se", op.estimate.se),
                 ("offpolicy.ess", op.estimate.ess), ("offpolicy.n", op.estimate.n),
@@ -326,42 +308,24 @@ def _record(cfg: TracerlConfig, gate: GateConfig, result: GateResult, suites: li
         mlflow.log_metrics({f"reused_replies.{arm}": float(n) for arm, n in result.reused.items()})
         gains = {"predicted_gain": result.predicted_gain, "measured_gain": result.measured_gain}
         mlflow.log_metrics({k: float(x) for k, x in gains.items() if x is not None})
-        vtags.update({f"tracerl.gate.{k}": f"{x:+.4f}" for k, x in gains.items() if x is not None})
         mlflow.log_dict(d.to_dict(), "gate/decision.json")
-        if result.side_by_side:
+        sbs_link = None
+        if result.side_by_side:  # a table in the run's Artifacts (a cell's full text one click away)
             mlflow.log_table(data=result.side_by_side, artifact_file=SIDE_BY_SIDE)
+            sbs_link = tracking.run_path(run.info.experiment_id, run_id, SIDE_BY_SIDE)
+        by_name = {s.name: s for s in suites}
         mlflow.log_dict({name: {"fingerprint": by_name[name].fingerprint,
                                 "items": [{"hash": it.hash, "candidate": a, "champion": b}
                                           for it, a, b in zip(by_name[name].items, sc[0], sc[1])]}
                          for name, sc in scores.items()}, "gate/item_scores.json")
-        reg.set_tags(cfg, result.tenant, result.task, result.registry_version, vtags)
-        describe(cfg, result.tenant, result.task, result.registry_version, "Gate", _gate_section(
-            cfg, result, run.info.run_id, f"gate v{result.registry_version} vs {vs}"))
+        mlflow.set_tag(review.RUN_NOTE, review.run_description(
+            result, suites, version_link(result.tenant, result.task, result.registry_version,
+                                         f"model version {result.registry_version}"), sbs_link))
+        reg.set_tags(cfg, result.tenant, result.task, result.registry_version, review.version_tags(result, run_id))
+        describe(cfg, result.tenant, result.task, result.registry_version, "Gate", review.version_section(
+            result, suites, run_link(cfg, run_id, f"gate v{result.registry_version} vs {vs}"), sbs_link))
         if d.verdicts:
             log_history_plot(cfg, result.tenant, result.task)
-
-
-def _gate_section(cfg: TracerlConfig, result: GateResult, run_id: str, link_text: str) -> str:
-    """The decision, its reasons and the per-suite numbers, for the model version's page."""
-    d = result.decision
-    vs = f"champion v{result.baseline}" if result.baseline != "base" else "the base model"
-    lines = [f"**{d.outcome}** against {vs}, by {run_link(cfg, run_id, link_text)} "
-             f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC).", "", "Reasons:", ""]
-    lines += [f"- {r}" for r in d.reasons] or ["- (none recorded)"]
-    if d.verdicts:
-        lines += ["", "| suite | role | candidate | champion | delta | passed |", "|---|---|---|---|---|---|"]
-        lines += [f"| {v.suite} | {v.role} | {v.stats.candidate_mean:.3f} | {v.stats.champion_mean:.3f} | "
-                  f"{v.stats.delta:+.3f} | {'yes' if v.passed else 'no'} |" for v in d.verdicts]
-    if result.predicted_gain is not None:
-        measured = "not measured" if result.measured_gain is None else f"{result.measured_gain:+.3f}"
-        lines += ["", f"Learned reward: the learner's reward model predicted {result.predicted_gain:+.3f} "
-                      f"(mean P(liked)); the private evals measured {measured} (smallest primary delta)."]
-    blocked = [sg.name for sg in d.signatures if sg.blocked]
-    if blocked:
-        lines += ["", f"Blocked by behaviour signatures: {', '.join(blocked)}."]
-    if d.warnings:
-        lines += ["", "Warnings:", ""] + [f"- {w}" for w in d.warnings]
-    return "\n".join(lines)
 
 
 def gate_candidates(cfg: TracerlConfig, candidates: list[dict[str, Any]], backend: Backend | None = None,

@@ -4,8 +4,10 @@ The private evals decide; this lets a person judge. A few of the target's most r
 prompts (distinct, never one matching an eval item: the evals stay private, and a reviewer who
 saw them could tune to them) are answered once by each model with the same seed and the gate's
 sampling, and scored by the first primary suite's scorer where it can score a reply without a
-reference (else the score is empty). The table is logged on the gate run
-(`gate/side_by_side.json`, shown as a table in MLflow's artifact view).
+reference (else the score is empty). The table is logged on the gate run with `mlflow.log_table`
+(`gate/side_by_side.json`: MLflow's artifact view shows it as a table, each cell cut to its
+column's width, and a click on a cell shows its full text beside the table; a plain JSON file
+shows as one long unwrapped line per field instead).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from pipelines.gate.evaluate import Backend, Sampling, item_seed
 from pipelines.lake.query import connect
 
 MAX_CHARS = 2000  # per cell: a review table, not a transcript store
+# what the reviewer reads first comes first: MLflow's table view gives every column the same width
+# (a cell's full text opens beside the table on a click); `prompt` is what forget matches rows by
+COLUMNS = ("prompt", "candidate", "champion", "candidate_score", "champion_score", "earlier_messages")
 ARTIFACT = "gate/side_by_side.json"  # on the gate run; it quotes traffic, so retention deletes it
                                      # with the period (pipelines/rights/retention.py)
 
@@ -64,8 +69,7 @@ def side_by_side(backend: Backend, candidate: str, champion: str, prompts: list[
                  gate: GateConfig, judge: Any = None) -> dict[str, list[Any]]:
     """Columns for ``mlflow.log_table``: one row per prompt."""
     sampling = Sampling.from_gate(gate)
-    cols: dict[str, list[Any]] = {k: [] for k in ("prompt", "earlier_messages", "candidate", "champion",
-                                                  "candidate_score", "champion_score")}
+    cols: dict[str, list[Any]] = {k: [] for k in COLUMNS}
     for messages in prompts:
         seed = item_seed(sampling.seed, prompt_hash(messages), 0)
         a = backend.generate(candidate, messages, sampling, seed)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,21 +75,66 @@ def served_rate(base_url: str, model: str, family: Any, *, samples: int = 4, max
     return clustered_rate(per_prompt)
 
 
-def adapter_rate(base_url: str, adapter_path: Path | None, family: Any, name: str, **kw: Any) -> Rate:
-    """`served_rate` of an adapter folder (None: the base model under `name`), loaded for the measurement."""
+@contextmanager
+def loaded(base_url: str, name: str, adapter_path: Path | None) -> Iterator[str]:
+    """vLLM serves `adapter_path` as `name` inside the block (None: the base model, under its own
+    name); a measurement-only name, unloaded after, so nothing routed changes."""
     from pipelines.deploy import admin
 
     if adapter_path is None:
-        return served_rate(base_url, name, family, **kw)
+        yield name
+        return
     try:
         admin.load_adapter(base_url, name, adapter_path)
     except admin.VllmAdminError as err:
         if not (err.status == 400 and "already" in err.message):
             raise
     try:
-        return served_rate(base_url, name, family, **kw)
+        yield name
     finally:
         try:
             admin.unload_adapter(base_url, name)
         except admin.VllmAdminError:
             pass
+
+
+def adapter_rate(base_url: str, adapter_path: Path | None, family: Any, name: str, **kw: Any) -> Rate:
+    """`served_rate` of an adapter folder (None: the base model under `name`), loaded for the measurement."""
+    with loaded(base_url, name, adapter_path) as model:
+        return served_rate(base_url, model, family, **kw)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One held-out prompt and each model's reply to it (same seed), with the users' verdict."""
+
+    prompt: str
+    replies: dict[str, tuple[str, bool]]    # model label -> (reply, liked)
+
+
+def sample_replies(base_url: str, adapters: dict[str, Path | None], family: Any, *, prompts: int = 3,
+                   max_tokens: int = 48, seed: int = 0) -> list[Sample]:
+    """What a reviewer reads beside the rates: each model's reply to the first `prompts` held-out
+    prompts, sampled as the traffic is (T=1) with the same seed per prompt for every model."""
+    from pipelines.deploy import admin
+    from pipelines.sim.families import Reply, model_input
+
+    held = family.prompts("heldout")[:prompts]
+    out: list[dict[str, tuple[str, bool]]] = [{} for _ in held]
+    for label, path in adapters.items():
+        with loaded(base_url, f"sample.{label}", path) as model:
+            for i, messages in enumerate(held):
+                got = admin.complete(base_url, model, messages=model_input(family, messages), max_tokens=max_tokens,
+                                     temperature=1.0, top_p=1.0, seed=seed + i, logprobs=False, return_token_ids=True)
+                out[i][label] = (got.reply, bool(family.liked(Reply(got.reply, len(got.token_ids), got.finish_reason))))
+    return [Sample(m[-1]["content"], r) for m, r in zip(held, out)]
+
+
+def format_samples(samples: list[Sample]) -> str:
+    """The report's sample replies: prompt, then each model's reply and whether users like it."""
+    lines = ["sample replies on held-out prompts (same seed per prompt; + liked by the simulated users):"]
+    for s in samples:
+        lines.append(f"  prompt: {s.prompt}")
+        for label, (reply, liked) in s.replies.items():
+            lines.append(f"    {label:<14} {'+' if liked else '-'} {' '.join(reply.split())[:300]}")
+    return "\n".join(lines)

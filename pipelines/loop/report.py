@@ -76,6 +76,10 @@ def format_report(reports: list[IterationReport], final_reward: float | None, fi
     return "\n".join(lines)
 
 
+LIKED_SHARE = "liked share (simulated users)"
+CANDIDATE_OFFSET = 0.1
+
+
 def plot(reports: list[IterationReport], final_reward: float | None, out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -90,8 +94,10 @@ def plot(reports: list[IterationReport], final_reward: float | None, out_dir: Pa
     paths = []
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(its, live, marker="o")
-    ax.set(xlabel="iteration (traffic served by that iteration's champion)", ylabel="mean live reward",
-           title="Live reward per iteration", xticks=its)
+    # the simulated users' liked share, in [0, 1]: not the reward spec's mean turn reward that the
+    # learner runs plot by serving version (docs/rewards.md names both)
+    ax.set(xlabel="iteration (traffic served by that iteration's champion)", ylabel=LIKED_SHARE,
+           title=f"{LIKED_SHARE.capitalize()} per iteration", xticks=its)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     paths.append(out_dir / "live_reward.png")
@@ -101,10 +107,13 @@ def plot(reports: list[IterationReport], final_reward: float | None, out_dir: Pa
     fig, ax = plt.subplots(figsize=(6, 3.5))
     pts = [(r.iteration, champion_eval(r)) for r in reports if champion_eval(r) is not None]
     cand = [(r.iteration, r.eval_candidate) for r in reports if r.eval_candidate is not None]
+    # a promoted candidate is the champion after the gate: the same score at the same iteration, so
+    # the candidate is drawn a little to the right, dashed with open squares, and stays visible
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="champion after the gate")
     if cand:
-        ax.plot([p[0] for p in cand], [p[1] for p in cand], marker="x", linestyle="--", label="candidate")
+        ax.plot([p[0] + CANDIDATE_OFFSET for p in cand], [p[1] for p in cand], marker="s", markerfacecolor="white",
+                linestyle="--", label="candidate (drawn just right)")
     ax.set(xlabel="iteration", ylabel="private eval score (primary suite)", title="Eval score per iteration",
            xticks=[r.iteration for r in reports])
     ax.grid(alpha=0.3)

@@ -1,9 +1,11 @@
-"""Live reward by serving version, as a PNG on every learner run (the scheduled path's
+"""Mean turn reward by serving version, as a PNG on every learner run (the scheduled path's
 reward-per-iteration plot: each adapter version that served is one point of the loop).
 
-Read from the lake: the mean settled reward total of the target's turns, by the adapter version
-that served them (NULL = the base model, version 0 on the plot), with a 95% interval and the
-turn count. The gate run's `scores_by_version.png` is its eval-score counterpart.
+Read from the lake: the mean settled reward total of the target's turns (the reward spec's scale,
+docs/rewards.md: not the simulator's liked share, which only `make demo` reports), by the adapter
+version that served them (NULL = the base model, version 0 on the plot), with a 95% interval and
+the turn count, on integer version ticks. The gate run's `scores_by_version.png` is its eval-score
+counterpart. (The file and metric keep their first name, `live_reward_by_version`.)
 """
 
 from __future__ import annotations
@@ -37,26 +39,43 @@ def reward_history(cfg: TracerlConfig, tenant: str, task: str) -> list[VersionRe
                           int(n)) for v, m, sd, n in rows]
 
 
-def log_reward_plot(cfg: TracerlConfig, tenant: str, task: str,
-                    artifact: str = "learner/live_reward_by_version.png") -> list[VersionReward]:
-    """Plot ``reward_history`` into the active MLflow run; the points plotted."""
+TITLE = "mean turn reward by serving version"
+YLABEL = "mean turn reward (settled turns)"
+
+
+def reward_figure(pts: list[VersionReward], title: str):
+    """The figure of ``reward_history``'s points (closed by the caller)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import mlflow
+    from matplotlib.ticker import MaxNLocator
 
-    pts = reward_history(cfg, tenant, task)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if pts:
         ax.errorbar([p.version for p in pts], [p.mean for p in pts],
                     yerr=[0.0 if math.isnan(p.se) else 1.96 * p.se for p in pts], marker="o", capsize=3)
         for p in pts:
             ax.annotate(f"{p.turns}", (p.version, p.mean), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set(xlabel="adapter version that served (0 = base model)", ylabel="mean settled reward per turn",
-           title=f"{tenant}/{task}: live reward by serving version (n turns)")
+    if 0 < len(pts) <= 15:
+        ax.set_xticks([p.version for p in pts])
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="adapter version that served (0 = base model)", ylabel=YLABEL, title=title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def log_reward_plot(cfg: TracerlConfig, tenant: str, task: str,
+                    artifact: str = "learner/live_reward_by_version.png") -> list[VersionReward]:
+    """Plot ``reward_history`` into the active MLflow run; the points plotted."""
+    import mlflow
+
+    pts = reward_history(cfg, tenant, task)
+    fig = reward_figure(pts, f"{tenant}/{task}: {TITLE} (n turns)")
+    import matplotlib.pyplot as plt  # after reward_figure chose the Agg backend
+
     mlflow.log_figure(fig, artifact)
     plt.close(fig)
     return pts

@@ -217,8 +217,11 @@ def _run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
                   "turn_ids": [t.turn_id for t in turns], "replayed_turn_ids": [p.turn.turn_id for p in replayed],
                   "first_turn": turns[0].turn_id, "last_turn": turns[-1].turn_id}
         tags = {"tenant": tenant, "task": task, "parent_version": parent_n or "base",
-                "base_model": cfg.train.base_model, "reward_spec_version": ",".join(spec_versions), **bp.tags()}
+                "base_model": cfg.train.base_model, "base_model_hash": base_hash,
+                "reward_spec_version": ",".join(spec_versions), **bp.tags()}
         metrics = {**(step.steps[-1] if step.steps else {}),
+                   # new + replayed = trained + dropped (trained_sentence says why a turn dropped)
+                   "trained_turns": len(step.turn_ids), "dropped_turns": len(batch) - len(step.turn_ids),
                    **{k: v for k, v in replay.items() if k.startswith("replay.")},
                    "labelled_turns": labelled_turns, "model_labelled_turns": len(model_turns),
                    **{f"turns.{k}": v for k, v in by_source.items()}, "coverage": window["coverage"]}
@@ -238,6 +241,7 @@ def _run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
             for i, m in enumerate(step.steps):
                 mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float))}, step=i)
             mlflow.log_metrics({k: v for k, v in replay.items() if k.startswith("replay.")})
+            mlflow.log_metrics({k: float(metrics[k]) for k in ("trained_turns", "dropped_turns")})
             if rm_report is not None:
                 from dataclasses import asdict
 
@@ -277,13 +281,13 @@ def _run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     record_ledger(cfg.table_store, tenant, task, [t.turn_id for t in turns] + [p.turn.turn_id for p in replayed],
                    version.version, [1] * len(turns) + [p.uses + 1 for p in replayed],
                    [t.weight for t in batch])
-    result.registry_version = registry.register_candidate(cfg, tenant, task, run.info.run_id, version.version,
-                                                          {**tags, "data_turns": len(batch)})
+    result.registry_version = registry.register_candidate(cfg, tenant, task, run.info.run_id, version.version, tags)
     parent = f"v{parent_n}" if parent_n else "the base model"
     registry.describe(cfg, tenant, task, result.registry_version, "Learner", (
         f"Adapter v{version.version}, trained from {parent} by {registry.run_link(cfg, run.info.run_id, 'its learner run')} "
-        f"on {len(turns)} new settled turns and {len(replayed)} replayed ({len(step.turn_ids)} trained; "
-        f"reward spec {', '.join(spec_versions) or 'unknown'}), in {time.time() - started:.0f} s."))
+        f"on {len(turns)} new settled turns and {len(replayed)} replayed: "
+        f"{trained_sentence(len(batch), len(step.turn_ids), step.summary)}; "
+        f"reward spec {', '.join(spec_versions) or 'unknown'}; in {time.time() - started:.0f} s."))
     lap("record")
     seconds["total"] = time.perf_counter() - begun
     metrics.update({f"seconds.{k}": round(v, 3) for k, v in seconds.items()})
@@ -293,6 +297,31 @@ def _run_learner(cfg: TracerlConfig, tenant: str, task: str) -> LearnerResult:
     result.replayed_turns, result.branch_base, result.branch_depth = len(replayed), bp.base, bp.depth
     result.reset_reason = bp.reset_reason
     return result
+
+
+def trained_sentence(batch: int, trained: int, summary: dict[str, Any]) -> str:
+    """The learner's counts for its description: "<batch> in all, <trained> trained" and, when some
+    dropped, how many and why, from train_step's summary: empty replies (nothing to score), too
+    stale (train.staleness gave them weight 0), and the rest carried no
+    signal (policy gradient: zero advantage, a reward at its baseline or in a group of equal rewards;
+    KTO: a neutral reward). The counts add up: batch = trained + dropped."""
+    dropped = batch - trained
+    out = f"{batch} in all, {trained} trained"
+    if dropped <= 0:
+        return out
+    empty, stale = int(summary.get("empty_outputs", 0)), int(summary.get("stale_dropped", 0))
+    why = [f"{empty} with an empty reply"] if empty else []
+    why += [f"{stale} too stale (train.staleness weight 0)"] if stale else []
+    rest = dropped - empty - stale
+    if rest > 0:
+        if "neutral_dropped" in summary:
+            why.append(f"{rest} with a neutral reward (KTO needs a thumbs up or down)")
+        else:
+            kinds = ["a reward at its baseline"] + (["a group whose replies all got the same reward"]
+                                                  if summary.get("dropped_uniform") else []) \
+                + (["no baseline yet"] if summary.get("dropped_no_baseline") else [])
+            why.append(f"{rest} with no advantage ({', or '.join(kinds)})")
+    return f"{out}, {dropped} dropped: {'; '.join(why)}"
 
 
 def _log_window(cfg: TracerlConfig, tenant: str, task: str, window: dict[str, Any], spec_versions: list[str]) -> None:

@@ -135,6 +135,23 @@ def catalog_status(text: str) -> str | None:
     return None if m is None else (m.group(1) or "partitions")
 
 
+def test_the_report_shows_the_first_and_last_champions_replies_to_held_out_prompts(demo):
+    """A reviewer reads what changed, not only rates: three held-out prompts, each with the first
+    champion's reply and, after a promotion, the last one's, each marked liked or not."""
+    from pipelines.adapters import registry
+    from pipelines.sim.families import family_for_task
+
+    cfg, _, out, _ = demo
+    text, first = out["report"], out["reports"][0].champion_before
+    last = registry.adapter_for_alias(cfg, "acme", "concise", registry.CHAMPION)
+    block = text[text.index("sample replies on held-out prompts"):].splitlines()[1:]
+    held = [m[-1]["content"] for m in family_for_task("concise").prompts("heldout")[:3]]
+    assert [line[len("  prompt: "):] for line in block if line.startswith("  prompt: ")] == held
+    for label in [f"v{first} (first)"] + ([f"v{last} (last)"] if last != first else []):
+        assert sum(line.strip().startswith(label) for line in block) == 3, (label, block)
+    assert all(line.split(")", 1)[1].lstrip()[:1] in "+-" for line in block if line.startswith("    ")), block
+
+
 def test_dagster_catalog_shows_every_asset_of_the_loop_materialized(loop_ui, browser):
     def rows(v):
         return {key: text for key, text in v or [] if key in LOOP_ASSETS}

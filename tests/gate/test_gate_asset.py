@@ -5,7 +5,7 @@ gate (scripted vLLM backend, real MLflow registry). A rejection is an outcome (m
 import dagster as dg
 
 from assets.deploy import deployment
-from assets.gate import NO_CONTAMINATION, promotion
+from assets.gate import NO_CONTAMINATION, primary_eval, promotion
 from assets.resources import TracerlResource, service_resources
 from assets.targets import OUTCOME_TAG, materialize_target, targets
 from tests.gate.gate_fixtures import FakeBackend, candidate, policy_for, question, setup
@@ -65,11 +65,14 @@ def test_a_passing_candidate_deploys_and_a_rejected_one_leaves_the_champion(tmp_
     result, checks, promo, deployed, tags = _run(box, resource, tenant, task)
     assert result.success and checks[NO_CONTAMINATION].passed
     assert promo["outcome"].value == "promote" and promo["reasons"].value and tags[OUTCOME_TAG] == "promote"
-    assert promo["candidate_adapter_version"].value == av_good and promo["promoted"].value == 1.0
+    assert promo["candidate_adapter_version"].value == av_good and promo["promoted"].value is True
     suites = promo["suites"].value
     assert set(suites) == {"answers", "style"} and suites["answers"]["delta"] > 0.5  # 1/3 right -> all right
     assert promo["eval.answers.delta"].value == suites["answers"]["delta"]  # one number per suite: plotted
-    assert promo["eval_candidate"].value == suites["answers"]["candidate"]  # the primary suite
+    assert promo["eval.answers.delta"].value == 0.6667  # 4 significant digits, not 0.6666666666666667
+    # one name per number: the primary suite is named, its scores are its eval.<suite>.* entries
+    assert promo["primary_suite"].value == "answers" and not {"eval_candidate", "eval_champion"} & set(promo)
+    assert primary_eval({k: v.value for k, v in promo.items()}) == (1.0, 0.3333)
     assert promo["champion_adapter_version"].value == av_good
     assert promo["model_version"].value.endswith(f"/#/models/{tenant}.{task}/versions/{rv_good}")
     # the candidate reached deployment: it is what the gateway will serve (none runs here)
@@ -84,7 +87,7 @@ def test_a_passing_candidate_deploys_and_a_rejected_one_leaves_the_champion(tmp_
     assert checks[NO_CONTAMINATION].passed and set(checks) == {NO_CONTAMINATION}
     assert promo["outcome"].value == "reject" and tags[OUTCOME_TAG] == "reject"
     assert any("style" in r for r in promo["reasons"].value)
-    assert promo["eval.style.delta"].value < 0 and promo["promoted"].value == 0.0
+    assert promo["eval.style.delta"].value < 0 and promo["promoted"].value is False
     assert promo["champion_adapter_version"].value == av_good  # unchanged
     assert deployed is not None and deployed["champions"].value == {route: f"v{av_good}"}
 

@@ -155,7 +155,6 @@ def test_a_reward_model_that_likes_a_marker_users_do_not_trains_a_candidate_the_
     assert registry.adapter_for_alias(cfg, TENANT, TASK, registry.CHAMPION) is None  # nothing moved
     mv = tracking.client(cfg).get_model_version(registry.model_name(TENANT, TASK), r.registry_version)
     assert mv.tags["tracerl.gate.decision"] == "reject"
-    assert float(mv.tags["tracerl.gate.predicted_gain"]) > float(mv.tags["tracerl.gate.measured_gain"])
     assert "Learned reward: the learner's reward model predicted" in mv.description
     run = tracking.client(cfg).get_run(d["mlflow_run_id"]).data.metrics
     assert run["predicted_gain"] == pytest.approx(gain, abs=1e-6) and run["measured_gain"] < gain
@@ -261,8 +260,7 @@ def test_the_gate_records_the_predicted_gain_beside_the_measured_one_and_decides
     warned = [x for x in d["reasons"] if x.startswith("warning: reward model predicted +0.300")]
     assert len(warned) == int(said) and any("reward model predicted" in w for w in d["warnings"]) == said
     mv = client(cfg).get_model_version(model_name(tenant, task), rv)
-    assert mv.tags["tracerl.gate.predicted_gain"] == "+0.3000"
-    assert float(mv.tags["tracerl.gate.measured_gain"]) == pytest.approx(d["measured_gain"], abs=1e-4)
+    assert not {"tracerl.gate.predicted_gain", "tracerl.gate.measured_gain"} & set(mv.tags)  # numbers: below
     assert (f"Learned reward: the learner's reward model predicted +0.300 (mean P(liked)); the private evals "
             f"measured {d['measured_gain']:+.3f}") in mv.description
     metrics = client(cfg).get_run(d["mlflow_run_id"]).data.metrics
