@@ -26,7 +26,8 @@ FORGOTTEN_TAG = "tracerl.trained_on_forgotten_user"
 # section. The gate adds its few (pipelines/gate/review.py GATE_TAGS), alias moves theirs (promote.py).
 VERSION_TAGS = ("tenant", "task", "adapter_version", "parent_version", "base_model", "base_model_hash",
                 "reward_spec_version", "tracerl.branch.base", "tracerl.branch.depth", "tracerl.branch.parent",
-                "tracerl.branch.reset_reason")
+                "tracerl.branch.reset_reason",
+                "tracerl.deliberately_bad")  # the canary demo's made-worse versions (pipelines/loop/backwards.py)
 
 
 def model_name(tenant: str, task: str) -> str:
